@@ -329,13 +329,19 @@ class ArchiveReplay:
         return self._stop_position is not None and self.position >= self._stop_position
 
     def poll(self, handler: FragmentHandler, fragment_limit: int = 256) -> int:
+        count = self._poll(handler, fragment_limit)
+        image = self.image()
+        if count == 0 and image is not None:
+            self._check_end(image)
+        return count
+
+    def _poll(self, handler: FragmentHandler, fragment_limit: int) -> int:
+        """:meth:`poll` without the end's check (which may call the archive)."""
         image = self.image()
         if image is None:
             return 0
         count = image.poll(handler, fragment_limit)
         self.position = image.position
-        if count == 0:
-            self._check_end(image)
         return count
 
     def poll_gathered(self, max_messages: int = 4096) -> GatheredMessages | None:
@@ -380,18 +386,28 @@ class ArchiveReplay:
 
     async def read_all_async(self, handler: FragmentHandler, timeout_s: float = 60.0) -> None:
         """:meth:`read_all` from a trio or asyncio task, without blocking the event loop: each
-        poll is a checkpoint and each wait parks in a worker thread
-        (:mod:`slipstream.client.aio`).  A cancellation ends it at once, taken
-        before a poll, never after one (:attr:`position` is what was handled)."""
+        poll is a checkpoint, each wait parks in a worker thread until data comes
+        (:mod:`slipstream.client.aio`), and the check of a followed recording's stop at the
+        stream's end (a call to the archive) runs in a worker thread.  A cancellation ends it
+        at once, taken before a poll, never after one (:attr:`position` is what was
+        handled); a check under way finishes its call in its thread."""
+        import anyio.to_thread
+
         from slipstream.client import aio
 
         deadline = time.monotonic() + timeout_s
         while not self.done:
-            if await aio.poll_async(lambda: self.poll(handler, 4096)) == 0:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the replay {self.replay_id} is at {self.position} "
-                                       f"after {timeout_s:g} s")
-                await aio.wait_for_data(self.subscription, 10_000_000)
+            if await aio.poll_async(lambda: self._poll(handler, 4096)):
+                continue
+            image = self.image()
+            if image is not None and image.is_end_of_stream:
+                await anyio.to_thread.run_sync(self._check_end, image, abandon_on_cancel=True)
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"the replay {self.replay_id} is at {self.position} "
+                                   f"after {timeout_s:g} s")
+            await aio.wait_for_data(self.subscription, int(remaining * 1e9))
 
     def close(self, *, stop_at_archive: bool = True) -> None:
         """Stop the replay at the archive if it is not done (unless not ``stop_at_archive``:

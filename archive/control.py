@@ -61,12 +61,16 @@ holder of ``NAME`` sealed, so a call that arrived there is a call from a holder 
 its *caller key*.  Its answer goes back sealed under that key (the caller's ``reply_channel``
 gets ``key=NAME``; a plain call's answer is plain).  A recording is of the key its recorded
 channel names, a held stream of the key of its channel; a call that names one (every
-operation above: by ``recording_id``, a held stream's key, or a ``replay_id``) is answered
-only under that key, else refused with ``reason`` ``unauthorized``, counted by cause
-(:data:`REFUSAL_CAUSES`, each a :attr:`~slipstream.client.counters.CounterType.CALLS_REFUSED`
-counter) and named.  ``list`` and ``replays`` leave out what another key's is.  A replay of a
-keyed recording or held stream is published sealed under its key: the archive puts ``key=``
-on the caller's ``channel`` itself and refuses one naming another key, or ``aeron:ipc``.
+operation above: by ``recording_id`` or a held stream's key) is answered only under that
+key.  Otherwise the call is counted by cause (:data:`REFUSAL_CAUSES`, each a
+:attr:`~slipstream.client.counters.CounterType.CALLS_REFUSED` counter), the key named only in
+the archive's log, and answered as for a recording that is not there (a held stream's call,
+whose channel names the key itself, is refused with ``reason`` ``unauthorized``).  A replay
+is its caller's: ``replays`` lists, and ``stop_replay`` stops, only a caller key's own
+(another's is answered as not running).  ``list`` leaves out another key's recordings.  A
+replay of a keyed recording or held stream is published sealed under its key: the archive
+puts ``key=`` on the caller's ``channel`` itself and refuses one naming another key, or
+``aeron:ipc``.
 With subnets set, a call whose image's source address (its SETUP's), reply channel or
 replay channel is outside them is refused and counted; one from outside is not answered.
 
@@ -80,6 +84,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -128,6 +133,7 @@ from slipstream.client.holding import Answers, decode_call
 from slipstream.client.image import Image, await_frames
 from slipstream.client.layout import FRAME_ALIGNMENT, INT32_MAX
 from slipstream.client.logview import view_answer, view_args
+from slipstream.client.notices import SourceNotices
 from slipstream.client.retention import message_start
 from slipstream.client.subscription import Subscription
 
@@ -185,6 +191,16 @@ def _host_of(channel: str) -> str | None:
     return None if endpoint is None else endpoint.host
 
 
+def _escaped(text: str) -> str:
+    """``text`` (a caller's, in part) as one printable ASCII line for the log."""
+    return text.encode("unicode_escape").decode("ascii")
+
+
+def _cause(caller_key: str | None) -> str:
+    """The refusal cause of a call under ``caller_key`` about another key's."""
+    return "call-without-key" if caller_key is None else "call-with-other-key"
+
+
 class CallRefused(ValueError):
     """A call answered with an error; ``fields`` go into the answer beside the message."""
 
@@ -236,26 +252,31 @@ class ArchiveControl:
 
     def __init__(self, service: ControlHost, address: str, port: int,
                  stream_id: int, *, keys: Mapping[str, int] | None = None,
-                 subnets: tuple[Subnet, ...] = ()) -> None:
+                 subnets: tuple[Subnet, ...] = (),
+                 configured_holds: frozenset[str] = frozenset()) -> None:
         """Calls at ``address:port`` (plain; port 0: none) and at ``address:keys[NAME]``
         sealed under each key ``NAME``, on ``stream_id``; answered only from ``subnets``
-        (none: any source)."""
+        (none: any source).  ``configured_holds``: the channels of the streams the settings
+        hold (``[[hold]]``), which a call may name whatever hosts they send to."""
         self._service = service
         self.directory = service.directory
         self.stream_id = stream_id
         self.subnets = subnets
+        self.configured_holds = configured_holds
         endpoints = ([(None, port)] if port else []) + sorted((keys or {}).items())
         #: The control channels: the caller key of each (None: plain) and its subscription.
         self.endpoints: list[tuple[str | None, Subscription]] = []
         self._counters: dict[str, Counter] = {}
+        #: Set as a caller's image comes on any endpoint (:meth:`wait_for_call`).
+        self._image_came = threading.Event()
         try:
             for key, key_port in endpoints:
                 channel = channel_with_key(f"aeron:udp?endpoint={address}:{key_port}", key)
-                self.endpoints.append((key, service.client.add_subscription(channel,
-                                                                            stream_id)))
+                self.endpoints.append((key, service.client.add_subscription(
+                    channel, stream_id, on_available_image=self._call_image_came)))
                 log.info("control stream %s stream %d", channel, stream_id)
             identity = str(self.directory) if self.directory is not None else \
-                f"replays at {address}:{port}/{stream_id}"
+                f"replays at {address}:{endpoints[0][1] if endpoints else 0}/{stream_id}"
             for cause in REFUSAL_CAUSES:
                 self._counters[cause] = service.client.add_counter(
                     CounterType.CALLS_REFUSED, fit_label(f"calls-refused: {cause} {identity}"),
@@ -268,6 +289,7 @@ class ArchiveControl:
                                         endpoints[0][0]) if endpoints else ""
         self._answers = Answers(service.client)
         self.replays: dict[int, ReplaySession] = {}
+        #: The caller key of each replay's caller: only a caller of that key sees or stops it.
         self._replay_keys: dict[int, str | None] = {}
         self._next_replay_id = 1
         self._calls: list[tuple[str | None, str, bytes]] = []
@@ -275,6 +297,8 @@ class ArchiveControl:
         self.served = 0  # replays sent whole
         #: Calls refused, by cause (:data:`REFUSAL_CAUSES`).
         self.refused: dict[str, int] = dict.fromkeys(REFUSAL_CAUSES, 0)
+        self._notices = SourceNotices()
+        self._source = ""  # the source address of the call being answered
 
     def call_images(self) -> tuple[Image, ...]:
         """The images the calls arrive on (the control subscriptions'): what an idle
@@ -282,13 +306,28 @@ class ArchiveControl:
         return tuple(image for _, subscription in self.endpoints
                      for image in subscription.images)
 
-    def _refuse(self, cause: str, message: str) -> CallRefused:
-        """Count a refusal of ``cause``; the error that answers it."""
+    def _count_refusal(self, cause: str, message: str) -> None:
+        """Count a refusal of ``cause``, and log ``message`` (the archive's log may name
+        what the answer does not): at most once per caller and cause an interval
+        (:class:`~slipstream.client.notices.SourceNotices`), the caller's text escaped."""
         self.refused[cause] += 1
         counter = self._counters.get(cause)
         if counter is not None:
             counter.set(self.refused[cause])
-        log.warning("control: a call refused (%s): %s", cause, message)
+        self._notice(cause, message)
+
+    def _notice(self, what: str, message: str) -> None:
+        """Log ``message`` about the current call's source, unless one about ``what`` from
+        it was logged within the interval (then it is counted, and told with the next)."""
+        held = self._notices.tell((self._source, what), time.monotonic_ns())
+        if held is None:
+            return
+        log.warning("control: a call from %s %s: %s%s", self._source, what,
+                    _escaped(message), f" ({held} more held back)" if held else "")
+
+    def _refuse(self, cause: str, message: str) -> CallRefused:
+        """Count a refusal of ``cause``; the error that answers it."""
+        self._count_refusal(cause, message)
         return CallRefused(message, reason=UNAUTHORIZED, cause=cause)
 
     def _within_subnets(self, host: str | None) -> bool:
@@ -302,13 +341,21 @@ class ArchiveControl:
 
     def authorize(self, what: str, key: str | None, caller_key: str | None) -> None:
         """Raise (counted) unless a call under ``caller_key`` may learn of ``what``, which
-        is of ``key`` (None: plain, anyone's)."""
+        is of ``key`` (None: plain, anyone's): for what the caller named by its key itself
+        (a held stream's channel), so the answer tells it nothing it did not say."""
+        if not self._may_learn(what, key, caller_key):
+            raise CallRefused(f"{what} is of key={key}; call on a control channel keyed {key}",
+                              reason=UNAUTHORIZED, cause=_cause(caller_key))
+
+    def _may_learn(self, what: str, key: str | None, caller_key: str | None) -> bool:
+        """Whether a call under ``caller_key`` may learn of ``what``, which is of ``key``
+        (None: plain, anyone's); a refusal is counted and logged (naming the key: only the
+        archive's log does)."""
         if key is None or key == caller_key:
-            return
-        cause = "call-without-key" if caller_key is None else "call-with-other-key"
-        raise self._refuse(cause, f"{what} is of key={key}; call on a control channel keyed "
-                                  f"{key} (this call came "
-                                  f"{'plain' if caller_key is None else 'keyed ' + caller_key})")
+            return True
+        self._count_refusal(_cause(caller_key), f"{what} is of key={key}; the call came "
+                            f"{'plain' if caller_key is None else 'keyed ' + caller_key}")
+        return False
 
     def do_work(self) -> int:
         """Answer the calls that came, move every replay on; returns the work done."""
@@ -342,14 +389,23 @@ class ArchiveControl:
         work += self._answers.do_work()
         return work
 
+    def _call_image_came(self, _image: Image) -> None:
+        """A caller's image came on an endpoint (the client's conductor thread): wake a wait
+        on any endpoint's images (:meth:`wait_for_call`, the service's idle park), which
+        would not see it otherwise."""
+        self._image_came.set()
+        for _, subscription in list(self.endpoints):
+            subscription._wake_waiters()
+
     def wait_for_call(self, timeout_ns: int) -> None:
-        """Wait up to ``timeout_ns`` for a call (parked: a call wakes it at once; a caller's
-        first call, whose image is new, within the park)."""
+        """Wait up to ``timeout_ns`` for a call on any endpoint (parked: a call wakes it at
+        once, and so does a caller's first, whose image is new)."""
+        self._image_came.clear()
         images = [image for image in self.call_images() if not image.is_closed]
         if images:
             await_frames(images, timeout_ns, 0)
         elif self.endpoints:
-            self.endpoints[0][1].wait_for_data(timeout_ns, 0)
+            self._image_came.wait(timeout_ns / 1e9)
         else:
             time.sleep(timeout_ns / 1e9)
 
@@ -371,6 +427,7 @@ class ArchiveControl:
         return descriptor.stop_position, True
 
     def _call(self, data: bytes, caller_key: str | None, source: str) -> None:
+        self._source = source
         try:
             fields = json.loads(data)
             if not isinstance(fields, dict):
@@ -378,13 +435,13 @@ class ArchiveControl:
             call_id, op, args, reply, response_stream = decode_call(fields)
         except (UnicodeDecodeError, ValueError) as e:
             self.malformed += 1
-            log.warning("control: a malformed call dropped (%s)", e)
+            self._notice("malformed, dropped", str(e))
             return
         source_host = source.rpartition(":")[0].strip("[]")
         if not self._within_subnets(source_host) or not self._within_subnets(_host_of(reply)):
             # Not answered: the answer would go where a host outside the subnets said.
-            self._refuse("call-outside-subnets", f"the call {op!r} from {source} (answers to "
-                                                 f"{reply}) is outside the control subnets")
+            self._refuse("call-outside-subnets", f"the call {op!r} (answers to {reply}) is "
+                                                 f"outside the control subnets")
             return
         # Answers go back sealed under the key the call came with, whatever it named.
         reply = channel_with_key(reply, caller_key)
@@ -416,8 +473,32 @@ class ArchiveControl:
             raise CallRefused(f"channel {key[0]!r}: a spy is not held for callers (it would "
                               f"read a keyed publication in plain text): name the stream's "
                               f"own channel")
+        self._check_held_channel(key[0])
         self.authorize(f"stream {key[1]} on {key[0]}", channel_key(key[0]), caller_key)
         return key
+
+    def _check_held_channel(self, channel: str) -> None:
+        """Refuse a held stream's ``channel`` that a call may not make the archive's driver
+        subscribe to (unless the settings hold it): one naming a host (``endpoint=``,
+        ``control=``) outside the control subnets, or a control address or mode
+        (``control=``, ``control-mode=``), with which the subscription would send to a host
+        the caller chose (status messages to ``control=``: a reflector at a third host)."""
+        if not isinstance(self._service.holds, HeldStreams) or \
+                channel in self.configured_holds or not channel.startswith("aeron:udp"):
+            return  # a query's own logs are found, not subscribed to
+        try:
+            parsed = parse_channel(channel)
+        except (SlipstreamError, ValueError) as e:
+            raise CallRefused(f"channel {channel!r}: {e}") from None
+        for part, host_port in (("endpoint", parsed.endpoint), ("control", parsed.control)):
+            if host_port is not None and not self._within_subnets(host_port.host):
+                raise self._refuse("call-outside-subnets", f"channel {channel!r}: {part}= "
+                                   f"{host_port.host} is outside the control subnets")
+        if parsed.control is not None or parsed.control_mode is not None:
+            raise CallRefused(f"channel {channel!r}: a held stream named by a call takes no "
+                              f"control= or control-mode= (its subscription would send to "
+                              f"the host they name); hold it with a [[hold]] entry of the "
+                              f"archive's settings")
 
     def _answer(self, op: str, args: dict[str, Any], caller_key: str | None = None) -> Any:
         if op in HELD_OPERATIONS and "recording_id" not in args:  # a held stream's call
@@ -436,10 +517,13 @@ class ArchiveControl:
         if op == "stop_replay":
             replay_id = _int_arg(args, "replay_id", 0, 2**63 - 1)
             session = self.replays.get(replay_id)  # type: ignore[arg-type]
-            if session is None:
+            # A replay is its caller key's: another's is answered as one that is not
+            # running (not even that it exists is told); a keyed one's asked is counted.
+            owner = None if session is None else self._replay_keys.get(session.replay_id)
+            if session is None or owner != caller_key:
+                if session is not None:
+                    self._may_learn(f"replay {replay_id}", owner, caller_key)
                 return {"stopped": False}
-            self.authorize(f"replay {replay_id}", self._replay_keys.get(session.replay_id),
-                           caller_key)
             session.stop("stop_replay")
             return {"stopped": True}
         if op == "view" and "recording_id" in args:
@@ -449,7 +533,7 @@ class ArchiveControl:
                      "source": s.source.name, "position": s.position,
                      "state": s.state.value, "channel": s.channel,
                      "stream_id": s.stream_id} for s in self.replays.values()
-                    if self._replay_keys.get(s.replay_id) in (None, caller_key)]
+                    if self._replay_keys.get(s.replay_id) == caller_key]
         raise CallRefused(f"no operation {op!r} (the archive's: list, describe, "
                           f"recording_position, replay, stop_replay, replays, view, "
                           f"{', '.join(op for op in HELD_OPERATIONS if op != 'view')})")
@@ -484,11 +568,13 @@ class ArchiveControl:
         """The recording a call names, authorized for ``caller_key``."""
         recording_id = _int_arg(args, "recording_id", 0, 2**63 - 1)
         descriptor = self._catalog().get(recording_id)  # type: ignore[arg-type]
-        if descriptor is None or descriptor.state != RecordingState.VALID:
+        # Another key's recording is answered as one that is not there: not even that it
+        # exists is told.
+        if descriptor is None or descriptor.state != RecordingState.VALID or \
+                not self._may_learn(f"recording {recording_id}",
+                                    channel_key(descriptor.channel), caller_key):
             raise CallRefused(f"no recording {recording_id} in the archive at "
                               f"{self.directory}")
-        self.authorize(f"recording {recording_id}", channel_key(descriptor.channel),
-                       caller_key)
         return descriptor
 
     def _list(self, args: dict[str, Any], caller_key: str | None) -> list[dict[str, Any]]:
@@ -543,7 +629,9 @@ class ArchiveControl:
 
     def _start_replay(self, source: SegmentSource | LogSource, start: int, end: int | None,
                       channel: str, stream_id: int, recording_id: int | None,
-                      key: str | None) -> dict[str, Any]:
+                      caller_key: str | None) -> dict[str, Any]:
+        """Start a replay for a caller under ``caller_key``: only such a caller sees it in
+        ``replays`` or may stop it."""
         replay_id = self._next_replay_id
         self._next_replay_id += 1
         try:
@@ -554,7 +642,7 @@ class ArchiveControl:
             source.close()
             raise
         self.replays[replay_id] = session
-        self._replay_keys[replay_id] = key
+        self._replay_keys[replay_id] = caller_key
         log.info("replay %d of %s [%d, %s) to %s stream %s, session %d", replay_id,
                  source.name, start, "-" if end is None else end, channel, stream_id,
                  session.session_id)
@@ -568,13 +656,12 @@ class ArchiveControl:
             raise CallRefused(f"held {held!r} is not a held stream's key (channel, stream_id, "
                               f"group)")
         key = self._held_key(held, caller_key)
-        stream_key = channel_key(key[0])
         session_id = _int_arg(args, "session_id", -INT32_MAX - 1, INT32_MAX)
         framing = args.get("log")
         if not isinstance(framing, list) or len(framing) != 2 or not all(
                 isinstance(v, int) and not isinstance(v, bool) for v in framing):
             raise CallRefused(f"log {framing!r} is not [initial term id, term length]")
-        channel, stream_id = self._replay_destination(args, stream_key)
+        self._replay_destination(args, None)  # a channel no replay can take: told first
         start = _int_arg(args, "start", 0, 2**62)
         end = _int_arg(args, "end", 0, 2**62)
         assert start is not None and end is not None and session_id is not None
@@ -583,6 +670,11 @@ class ArchiveControl:
                                                       (framing[0], framing[1]))
         except SessionGoneError as e:
             raise CallRefused(f"{LOST}: {e}", reason=LOST, held=[end, end]) from None
+        # The log's own key, as its driver said, whatever channel the call named it by (a
+        # query's holder finds a log by its stream and session alone).
+        self.authorize(f"stream {key[1]} session {session_id}", image.channel_key,
+                       caller_key)
+        channel, stream_id = self._replay_destination(args, image.channel_key)
         source = LogSource(image, f"stream {key[1]} session {session_id} held for group "
                                   f"{key[2]!r}")
         available = image.producer_position()
@@ -605,7 +697,7 @@ class ArchiveControl:
         if begin >= end:
             return {"replay_id": 0, "session_id": 0, "start": end, "end": end,
                     "recording_id": None}
-        return self._start_replay(source, begin, end, channel, stream_id, None, stream_key)
+        return self._start_replay(source, begin, end, channel, stream_id, None, caller_key)
 
     def _replay(self, args: dict[str, Any], caller_key: str | None) -> dict[str, Any]:
         if "held" in args:
@@ -646,7 +738,7 @@ class ArchiveControl:
                                   **({"reason": LOST, "held": held} if segments_check.lost
                                      else {}))
         return self._start_replay(SegmentSource(self._catalog_directory(), descriptor), start, end,
-                                  channel, stream_id, descriptor.recording_id, recording_key)
+                                  channel, stream_id, descriptor.recording_id, caller_key)
 
     def close(self) -> None:
         for session in self.replays.values():

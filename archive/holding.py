@@ -100,13 +100,14 @@ class DetachedLogs:
     def __init__(self) -> None:
         self._images: dict[str, Image] = {}
 
-    def get(self, path: str, join_position: int) -> Image | None:
+    def get(self, path: str, join_position: int, channel_key: str | None) -> Image | None:
         """The mapping of the log at ``path`` (made at ``join_position``, before which it
-        holds nothing), or None when the file is gone."""
+        holds nothing) of a stream sealed under ``channel_key`` on the network (its
+        :attr:`~slipstream.client.image.Image.channel_key`), or None when the file is gone."""
         image = self._images.get(path)
         if image is None:
             try:
-                image = Image.detached(path, join_position)
+                image = Image.detached(path, join_position, channel_key)
             except OSError:
                 return None
             self._images[path] = image
@@ -251,7 +252,7 @@ class HeldStreams:
         if image.identity.framing != framing:
             raise ValueError(f"session {session_id}'s log here has "
                              f"{image.identity.describe()}, not {[*framing]!r}")
-        mapped = self._detached.get(image.log_path, image.join_position)
+        mapped = self._detached.get(image.log_path, image.join_position, image.channel_key)
         if mapped is None:
             raise SessionGoneError(f"session {session_id}'s log {image.log_path} is gone")
         return mapped
@@ -302,10 +303,12 @@ class NamedLogs:
     (:class:`~slipstream.archive.control.ArchiveControl`); it answers no calls about held
     streams (the holder's own thread asks its images itself).  :attr:`logs` is replaced whole
     by the holding thread as images come and go: (stream id, session id) -> (log path, the
-    subscription's join position: the log holds nothing before it)."""
+    subscription's join position: the log holds nothing before it, and the key its stream is
+    sealed under on the network: the image's
+    :attr:`~slipstream.client.image.Image.channel_key`)."""
 
     def __init__(self) -> None:
-        self.logs: dict[tuple[int, int], tuple[str, int]] = {}
+        self.logs: dict[tuple[int, int], tuple[str, int, str | None]] = {}
         self._detached = DetachedLogs()
 
     def call(self, op: str, args: dict[str, Any]) -> Any:
@@ -330,7 +333,7 @@ class NamedLogs:
 
     def do_work(self, logs_in_use: set[str]) -> None:
         """Unmap the logs no longer in :attr:`logs` that no replay reads (``logs_in_use``)."""
-        self._detached.prune({path for path, _ in self.logs.values()}, logs_in_use)
+        self._detached.prune({path for path, _, _ in self.logs.values()}, logs_in_use)
 
     @property
     def mapped(self) -> list[str]:

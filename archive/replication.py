@@ -200,6 +200,7 @@ class Replicator:
         self._failures: dict[tuple[int, int, int], tuple[int, float]] = {}
         # A fetch's replay kept until its image goes: (peer, replay, deadline, stop it).
         self._draining: tuple[int, ArchiveReplay, float, bool] | None = None
+        self.looked = 0  # the peers' lists of recordings taken (a look at a peer each)
         self.fetched = 0  # fetches that completed their range
         self.cut_short = 0  # fetches that ended before their range's end
         self._caller = _Caller(self)
@@ -303,6 +304,7 @@ class Replicator:
             if kind == "listed":
                 self._looking -= 1
                 _, index, listed = result
+                self.looked += listed is not None
                 # Not while a replay drains: the next fetch might be the same session's, to
                 # the same endpoint (a later look plans it).
                 if listed is not None and self._fetch is None and self._draining is None:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Final
 
 from slipstream.archive.catalog import Catalog, EndReason
-from slipstream.archive.control import ArchiveControl
+from slipstream.archive.control import ArchiveControl, channel_key
 from slipstream.archive.holding import HeldStreams
 from slipstream.archive.reading import TimeIndexWriter, recording_position_key
 from slipstream.archive.recorder import PositionListener, Recording
@@ -125,7 +125,9 @@ class ArchiveService:
                 self.control = ArchiveControl(self, settings.control_address,
                                               settings.control_port, settings.control_stream_id,
                                               keys=settings.control_keys,
-                                              subnets=settings.control_subnets)
+                                              subnets=settings.control_subnets,
+                                              configured_holds=frozenset(
+                                                  held.channel for held in settings.holds))
             if settings.peers:
                 self.replicator = Replicator(self)
             for spec in settings.records:
@@ -169,9 +171,15 @@ class ArchiveService:
                 if source.failed or source.subscription is None or \
                         source.subscription.is_closed:
                     continue
+                channel = source.spec.recorded_channel(image.channel_key)
+                if channel_key(source.spec.channel) not in (None, image.channel_key):
+                    log.warning("%s stream %d session %d is sealed under %s on the network: "
+                                "recorded as %s", source.spec.channel, source.spec.stream_id,
+                                image.session_id, "no key" if image.channel_key is None else
+                                f"key={image.channel_key}", channel)
                 try:
                     recording = Recording(
-                        self.catalog, self.directory, image, source.spec.channel,
+                        self.catalog, self.directory, image, channel,
                         segment_length=self.settings.segment_length, sync=self.settings.sync,
                         sync_interval_ns=self.settings.sync_interval_ns,
                         block_length=self.settings.block_length,

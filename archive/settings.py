@@ -18,10 +18,10 @@ from slipstream.archive.segments import (
     MIN_SEGMENT_LENGTH,
 )
 from slipstream.client.channel import (
-    KEY_NAME,
     SPY_PREFIX,
     Subnet,
     channel_with_key,
+    key_name_problem,
     parse_address,
     parse_channel,
     parse_join,
@@ -80,6 +80,14 @@ class RecordSpec:
         if self.source is Source.LOCAL and self.channel.startswith("aeron:udp"):
             return SPY_PREFIX + channel_with_key(self.channel, None)
         return self.channel
+
+    def recorded_channel(self, channel_key: str | None) -> str:
+        """The channel a recording of one of the stream's images is catalogued under, by which
+        calls about it are authorized: ``channel`` with ``key=`` the key the image's stream is
+        sealed under on the network (:attr:`~slipstream.client.image.Image.channel_key`, as
+        the driver says; None: plain), whatever ``channel`` names, so a keyed publication
+        read through a spy is a recording of its key."""
+        return channel_with_key(self.channel, channel_key)
 
 
 @dataclass(frozen=True)
@@ -175,9 +183,9 @@ def _control_keys(value: Any) -> dict[str, int]:
         raise ArchiveSettingsError("control_keys", f"{value!r} is not a table of key names to "
                                    f"UDP ports ({{ k1 = 8012 }})")
     for name, port in value.items():
-        if not KEY_NAME.fullmatch(name):
-            raise ArchiveSettingsError("control_keys", f"{name!r} is not a key name (letters, "
-                                       f"digits, '.', '_', '-'; at most 64)")
+        problem = key_name_problem(name)
+        if problem is not None:
+            raise ArchiveSettingsError("control_keys", problem)
         if isinstance(port, bool) or not isinstance(port, int) or not 0 < port <= 65535:
             raise ArchiveSettingsError("control_keys", f"{name} = {port!r} is not a UDP port "
                                        f"(1..65535)")
@@ -235,7 +243,7 @@ def parse_peer(entry: Any, key: str = "peers") -> Peer:
     if isinstance(entry, str) and "|" in entry:
         entry, _, keyed = entry.partition("|")
         peer_key = keyed.removeprefix("key=")
-        if not keyed.startswith("key=") or not KEY_NAME.fullmatch(peer_key):
+        if not keyed.startswith("key=") or key_name_problem(peer_key) is not None:
             raise ArchiveSettingsError(key, f"{entry}|{keyed!r}: after '|' only key=NAME (a "
                                        f"key name) is accepted")
     endpoint, _, stream = entry.partition("/") if isinstance(entry, str) else ("", "", "")
@@ -334,10 +342,13 @@ def spec_of(specs: Sequence[RecordSpec], stream_id: int, channel: str) -> Record
     """The ``[[record]]`` a recording of ``stream_id`` on ``channel`` (its catalog channel,
     or a peer's) is one of: the one of its stream id (the channels may differ: with MDC or
     multicast each host subscribes at its own endpoint), the one of its channel too where
-    several share the stream id; None when no table, or no one table, is its."""
+    several share the stream id, whatever key either names (a recording is catalogued under
+    its stream's own: :meth:`RecordSpec.recorded_channel`); None when no table, or no one
+    table, is its."""
     found = [s for s in specs if s.stream_id == stream_id]
     if len(found) > 1:
-        found = [s for s in found if s.channel == channel]
+        plain = channel_with_key(channel, None)
+        found = [s for s in found if channel_with_key(s.channel, None) == plain]
     return found[0] if len(found) == 1 else None
 
 
@@ -404,14 +415,25 @@ class ArchiveSettings:
             raise ArchiveSettingsError("control_keys", f"port {parsed['control_port']} is "
                                        f"control_port's (the plain endpoint's)")
         control_ports = {parsed["control_port"], *parsed["control_keys"].values()}
+        peer_keys = {peer.key for peer in parsed["peers"]}
         for name, port in replication_reply_ports(parsed["replication_port"],
                                                   parsed["control_port"],
                                                   parsed["peers"]).items():
-            if name is not None and port in control_ports:
+            if name not in peer_keys:
+                continue
+            whose = "plain peers" if name is None else f"peers keyed {name}"
+            if port is None and name is not None:
+                # The port towards each peer: its own control port of the key, which is
+                # this archive's too where the hosts share their settings.
                 raise ArchiveSettingsError(
-                    "replication_port", f"the answers of the peers keyed {name} would come at "
-                    f"port {port}, one of this archive's control ports: set replication_port "
-                    f"so that the ports after it, one per peers' key, are free")
+                    "replication_port", f"the answers of the {whose} need a port of their own "
+                    f"(an endpoint has one key), and with control_port and replication_port "
+                    f"0 they would come at the peer's port: set replication_port")
+            if port in control_ports:
+                raise ArchiveSettingsError(
+                    "replication_port", f"the answers of the {whose} would come at port "
+                    f"{port}, one of this archive's control ports: set replication_port so "
+                    f"that it and the ports after it, one per peers' key, are free")
         if holds and parsed["control_port"] == 0 and not parsed["control_keys"]:
             # Only a group's commit (the view call's advance_to) moves a held position: with
             # no control stream nothing would, and the publishers would be held for good.

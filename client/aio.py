@@ -307,19 +307,11 @@ async def receive(subscription: Subscription, handler: FragmentHandler, fragment
             await checkpoints[1]()
         return count
     deadline_ns = None if timeout is None else time.monotonic_ns() + int(timeout * 1e9)
-    invoker = subscription._client.invoker
-
-    def wait(slice_ns: int) -> None:
-        subscription.wait_for_data(slice_ns, 0)
-
-    def wake() -> None:
-        subscription._wake_waiters()
-
     while not subscription.is_closed:
         remaining = PARK_SLICE_NS if deadline_ns is None else deadline_ns - time.monotonic_ns()
         if remaining <= 0:
             return 0
-        await _park(wait, wake, min(remaining, PARK_SLICE_NS), invoker)
+        await wait_for_data(subscription, remaining)
         count, _ = subscription._poll(handler, fragment_limit)  # an event loop never parks
         if count:
             return count

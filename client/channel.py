@@ -425,10 +425,19 @@ def _text(text: str) -> str:
 KEY_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
+def key_name_problem(text: str) -> str | None:
+    """Why ``text`` is not a key's name (``key=NAME``: :data:`KEY_NAME`), or None when it is:
+    the one wording of that error wherever a key is named."""
+    if KEY_NAME.fullmatch(text):
+        return None
+    return (f"{text!r} is not a key name (letters, digits, '.', '_', '-'; at most 64, the "
+            f"first a letter or digit)")
+
+
 def _key_name(text: str) -> str:
-    if not KEY_NAME.fullmatch(text):
-        raise _Bad(f"{text!r} is not a key name (letters, digits, '.', '_', '-'; at most 64, "
-                   f"the first a letter or digit)")
+    problem = key_name_problem(text)
+    if problem is not None:
+        raise _Bad(problem)
     return text
 
 

@@ -640,7 +640,8 @@ class Client:
             return
         image = subscription._new_image(log_buffer, message["subscriber_position_counter_id"],
                                         message["join_position"], message["correlation_id"],
-                                        message.get("source_identity", ""))
+                                        message.get("source_identity", ""),
+                                        message.get("channel_key"))
         subscription._add_image(image)
 
     def _on_unavailable_image(self, message: dict[str, Any]) -> None:

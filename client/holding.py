@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import random
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Final
@@ -306,6 +307,7 @@ class HolderLink:
         self._reply_port = reply_port
         self._next_id = 1
         self._answers: dict[int, dict[str, Any]] = {}
+        self._calling = threading.Lock()
         self._control: Publication | None = None
         self._response = self._open_response(
             lambda channel: open_holder_streams(client, address, port, control_stream_id,
@@ -374,6 +376,12 @@ class HolderLink:
         """Call ``op`` with ``args`` (JSON values); returns the holder's result.  Raises
         :class:`CallError` when the holder answers with an error or not within the link's
         ``timeout_s``."""
+        # One call at a time: a call left running in a worker thread by a cancelled task
+        # (ArchiveReplay.read_all_async) and the next one share the response stream.
+        with self._calling:
+            return self._call(op, args)
+
+    def _call(self, op: str, args: dict[str, Any]) -> Any:
         call_id = self._next_id
         self._next_id += 1
         deadline = time.monotonic() + self.timeout_s

@@ -73,7 +73,8 @@ class Image:
 
     def __init__(self, log: LogBuffer, position_counter, *, join_position: int,
                  correlation_id: int = 0, source_identity: str = "",
-                 subscription: Subscription | None = None, doorbell_fd: int = -1) -> None:
+                 channel_key: str | None = None, subscription: Subscription | None = None,
+                 doorbell_fd: int = -1) -> None:
         """``position_counter`` is a cffi ``int64_t *``: this subscriber's position counter.
         ``doorbell_fd``: for an image of a network stream, the driver receiver's doorbell
         (rung when the receiver parks and this subscriber reaches the position it waits
@@ -88,6 +89,10 @@ class Image:
         self.correlation_id = correlation_id
         self.join_position = join_position
         self.source_identity = source_identity
+        #: The name of the key the stream is sealed under on the network (``key=``, docs/
+        #: PROTOCOL.md §7.8; None: plain), as the driver says: for a spy's image, whose URI
+        #: names no key, the key of the publication's endpoint.
+        self.channel_key = channel_key
         #: Set as the image goes (``on_unavailable_image``) when its receiver was left behind:
         #: the ``(from, to)`` stream positions it lost, because the sender had moved on past
         #: what it could resend.  The stream's next image starts where the sender is.
@@ -578,13 +583,15 @@ class Image:
 
     # -- reading without consuming (credit held until commit) ---------------------------------
     @classmethod
-    def detached(cls, log_path: str, position: int) -> Image:
+    def detached(cls, log_path: str, position: int, channel_key: str | None = None) -> Image:
         """An image of the log at ``log_path`` with a private position, for readers that are not
         the subscriber (e.g. Spark executors reading a range the subscriber will commit).  Its
-        mapping is the caller's: :meth:`close` it when done."""
+        mapping is the caller's: :meth:`close` it when done.  ``channel_key``: the key of the
+        stream the log is of (:attr:`channel_key`: the subscriber's image's)."""
         # Not populated: a short-lived reader touches only the range it reads.
         log = LogBuffer(log_path, populate=False)
-        return cls(log, ffi.new("int64_t *", position), join_position=position)
+        return cls(log, ffi.new("int64_t *", position), join_position=position,
+                   channel_key=channel_key)
 
     def reader_at(self, position: int) -> Image:
         """Another reader of this image's log, with a private position starting at

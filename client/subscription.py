@@ -80,13 +80,15 @@ class Subscription:
         self._readers_for: tuple[Image, ...] | None = None
 
     def _new_image(self, log: LogBuffer, position_counter_id: int, join_position: int,
-                   correlation_id: int, source_identity: str) -> Image:
+                   correlation_id: int, source_identity: str,
+                   channel_key: str | None) -> Image:
         # A spy reads a publication's log in place: its sender moves pub-lmt behind the spy.
         doorbell = (control.SENDER_DOORBELL if self.channel.startswith("aeron-spy:")
                     else control.RECEIVER_DOORBELL)
         return Image(log, self._client.counters.address(position_counter_id),
                      join_position=join_position, correlation_id=correlation_id,
-                     source_identity=source_identity, subscription=self,
+                     source_identity=source_identity, channel_key=channel_key,
+                     subscription=self,
                      doorbell_fd=self._client._doorbell_fd(self.channel, doorbell))
 
     @property

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from slipstream.archive.settings import DEFAULT_CONTROL_PORT, DEFAULT_CONTROL_STREAM_ID
-from slipstream.client.channel import KEY_NAME, parse_channel
+from slipstream.client.channel import key_name_problem, parse_channel
 from slipstream.client.errors import ChannelError, UsageError
 from slipstream.client.holder import DEFAULT_GROUP, HOLDER_PORT
 from slipstream.client.layout import FRAME_ALIGNMENT, INT32_MAX, INT32_MIN
@@ -402,10 +402,10 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
     call_key = stream_key
     if "archiveKey" in given:
         call_key = given["archiveKey"].strip()
-        if not KEY_NAME.fullmatch(call_key):
-            raise OptionError("archiveKey", f"{call_key!r} is not a key name (accepted: the "
-                                            f"name of the key=NAME of the archives' control "
-                                            f"endpoints: letters, digits, '.', '_', '-')")
+        problem = key_name_problem(call_key)
+        if problem is not None:
+            raise OptionError("archiveKey", f"{problem} (accepted: the name of the key=NAME "
+                                            f"of the archives' control endpoints)")
         if stream_key is not None and call_key != stream_key:
             raise OptionError("archiveKey", f"{call_key!r}: the stream is of key={stream_key}, "
                                             f"and an archive answers about it only under that "

@@ -28,7 +28,7 @@ from slipstream.archive.control import ArchiveControl
 from slipstream.archive.holding import MAX_ENDED_ASKED, NamedLogs, driver_instance
 from slipstream.archive.recorder import Recording
 from slipstream.archive.settings import DEFAULT_CONTROL_STREAM_ID
-from slipstream.client import Client, SlipstreamError, Subscription
+from slipstream.client import ChannelError, Client, SlipstreamError, Subscription
 from slipstream.client.holding import HolderLink
 from slipstream.client.layout import INT32_MAX
 from slipstream.client.logview import (
@@ -40,7 +40,7 @@ from slipstream.client.logview import (
     SessionEnds,
 )
 from slipstream.spark_bridge.archived import ArchivedSource, Archives
-from slipstream.spark_bridge.options import SourceOptions
+from slipstream.spark_bridge.options import OptionError, SourceOptions
 from slipstream.spark_bridge.read_task import (
     SlipstreamDataLossError,
     SlipstreamPartition,
@@ -88,10 +88,11 @@ class _Holder:
     process, with a client of its own, serving replays of the logs the query's
     subscriptions hold (:class:`~slipstream.archive.holding.NamedLogs`) to read tasks on
     other hosts, as an ingest host's archive serves its held streams'.  ``logs`` maps
-    (stream id, session id) to (log path, join position); the planning thread replaces it as
-    images come and go.  With ``key`` (the query's calls' key, a keyed stream's) its one
-    control endpoint is of that key: only holders of it call, and its replays leave sealed
-    (docs/ARCHIVE.md, "Protected calls")."""
+    (stream id, session id) to (log path, join position, the stream's key); the planning
+    thread replaces it as images come and go.  With ``key`` (the query's calls' key, a keyed
+    stream's) its one control endpoint is of that key: only holders of it call, and its
+    replays leave sealed under the key of the log they replay, whatever channel a call names
+    the stream by (docs/ARCHIVE.md, "Protected calls")."""
 
     def __init__(self, directory: str | None, address: str, port: int,
                  key: str | None = None) -> None:
@@ -107,6 +108,17 @@ class _Holder:
             self.control = ArchiveControl(self, address, 0 if key is not None else port,
                                           control_stream,
                                           keys={key: port} if key is not None else None)
+        except ChannelError as e:
+            self.client.close()
+            if e.part != "key":
+                raise
+            # Another query's holder of this driver listens there under another key (or
+            # none): an endpoint has one key.
+            raise OptionError("replayPort", f"{port} is taken on this host by the holder of a "
+                              f"query of another key (or of none): one UDP endpoint has one "
+                              f"key, so a plain query and a keyed one (or two keys) on one "
+                              f"host need replayPorts of their own: set another replayPort "
+                              f"for this query ({e.problem})") from None
         except BaseException:
             self.client.close()
             raise
@@ -116,11 +128,11 @@ class _Holder:
         self._thread.start()
 
     @property
-    def logs(self) -> dict[tuple[int, int], tuple[str, int]]:
+    def logs(self) -> dict[tuple[int, int], tuple[str, int, str | None]]:
         return self.holds.logs
 
     @logs.setter
-    def logs(self, logs: dict[tuple[int, int], tuple[str, int]]) -> None:
+    def logs(self, logs: dict[tuple[int, int], tuple[str, int, str | None]]) -> None:
         self.holds.logs = logs
 
     def _run(self) -> None:
@@ -260,7 +272,8 @@ class _OwnHold:
             images += subscription.images
         if self.holder is not None:
             self.holder.logs = {(image.stream_id, image.session_id):
-                                (image.log_path, image.join_position) for image in images}
+                                (image.log_path, image.join_position, image.channel_key)
+                                for image in images}
         return {offset_key(self.options, image.stream_id, image.session_id): ImageView(image)
                 for image in images}
 

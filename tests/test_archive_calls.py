@@ -9,6 +9,8 @@ restricted to subnets answers no call from outside them, and counts each."""
 
 from __future__ import annotations
 
+import json
+import logging
 import subprocess
 import sys
 import threading
@@ -29,13 +31,21 @@ from test_archive import archive_process, recorded_messages, recordings, wait_fo
 from test_encrypted_streams import KEY_A, KEY_B, write_keys
 
 from slipstream.archive.client import ArchiveClient
-from slipstream.archive.control import REFUSAL_CAUSES, UNAUTHORIZED, read_calls_refused
+from slipstream.archive.control import (
+    REFUSAL_CAUSES,
+    UNAUTHORIZED,
+    calls_refused_key,
+    read_calls_refused,
+)
 from slipstream.archive.service import ArchiveService
 from slipstream.archive.settings import ArchiveSettings, load_settings
 from slipstream.client import Client
+from slipstream.client.channel import channel_with_key
 from slipstream.client.control import COUNTERS_FILE
-from slipstream.client.counters import CountersFile
+from slipstream.client.counters import CountersFile, CounterType
 from slipstream.client.holding import CallError
+from slipstream.spark_bridge.options import OptionError
+from slipstream.spark_bridge.planning import _Holder
 
 STREAM = 1001
 HELD_STREAM = 1002
@@ -134,17 +144,26 @@ def test_a_keyed_recording_is_answered_only_to_its_key_and_replays_leave_sealed(
         # A plain caller and a k2 caller: every operation refused, named and counted.
         expected = dict.fromkeys(REFUSAL_CAUSES, 0)
         plain_channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+        missing = recording_id + 1000
         for caller, cause in ((plain, "call-without-key"), (k2, "call-with-other-key")):
             assert caller.list_recordings() == []  # not even that it exists
             assert caller.list_all_recordings(stream_id=STREAM) == []
-            error = refusal(lambda c=caller: c.describe(recording_id), cause)
-            assert f"recording {recording_id} is of key=k1; call on a control channel keyed " \
-                   f"k1" in str(error)
-            refusal(lambda c=caller: c.recording_position(recording_id), cause)
-            refusal(lambda c=caller: c.view(recording_id, "is_retained", {"position": 0}),
-                    cause)
-            refusal(lambda c=caller: c.start_replay(recording_id, plain_channel, 5), cause)
-            refusal(lambda c=caller: c.replay(recording_id), cause)
+            # Every call about the recording is answered as about one that is not there
+            # (its text with the id the only difference): the key is named in no answer.
+            for ask in (lambda c, r: c.describe(r), lambda c, r: c.recording_position(r),
+                        lambda c, r: c.view(r, "is_retained", {"position": 0}),
+                        lambda c, r: c.start_replay(r, plain_channel, 5),
+                        lambda c, r: c.replay(r)):
+                answers = []
+                for asked in (recording_id, missing):
+                    with pytest.raises(CallError) as raised:
+                        ask(caller, asked)
+                    answers.append((str(raised.value).replace(f"recording {asked}",
+                                                              "recording N"),
+                                    raised.value.answer))
+                assert answers[0][0] == answers[1][0] and "k1" not in answers[0][0], answers
+                assert {**answers[0][1], "id": 0, "message": ""} == \
+                    {**answers[1][1], "id": 0, "message": ""}, answers
             for op in ("state", "ended", "release"):
                 refusal(lambda c=caller, o=op: c._link.call(o, **held, sessions=[1]), cause)
             refusal(lambda c=caller: c._link.call(
@@ -152,13 +171,16 @@ def test_a_keyed_recording_is_answered_only_to_its_key_and_replays_leave_sealed(
                 args={"position": 0}), cause)
             refusal(lambda c=caller: c.replay_held(held, 1, (0, 65536), 0, 32), cause)
             expected[cause] += 10
-        # A replay the k1 caller runs: not another caller's to see or stop.
+        # A replay the k1 caller runs: not another caller's to see or stop (answered as one
+        # not running), whether of its recording or of a plain one.
         follow = k1.start_replay(recording_id, plain_channel, 7)
         for caller, cause in ((plain, "call-without-key"), (k2, "call-with-other-key")):
             assert all(r["replay_id"] != follow.replay_id for r in caller._call("replays"))
-            refusal(lambda c=caller: c.stop_replay(follow.replay_id), cause)
+            assert caller.stop_replay(follow.replay_id) is \
+                caller.stop_replay(follow.replay_id + 1000) is False
             expected[cause] += 1
-        k1.stop_replay(follow.replay_id)
+        assert [r["replay_id"] for r in k1._call("replays")] == [follow.replay_id]
+        assert k1.stop_replay(follow.replay_id) is True
 
         # A replay the k1 caller asks to a plain channel leaves sealed under k1: a plain
         # subscriber there gets nothing, a k1 subscriber at another gets every message.
@@ -207,18 +229,21 @@ def test_a_keyed_recording_is_answered_only_to_its_key_and_replays_leave_sealed(
     assert keyed.returncode == 0, keyed.stderr
     assert len(keyed.stdout.splitlines()[2:]) == MESSAGES
     plain = subprocess.run(cli, capture_output=True, text=True, timeout=60)
-    assert plain.returncode == 1 and "is of key=k1" in plain.stderr, plain
+    assert plain.returncode == 1 and f"no recording {recording_id}" in plain.stderr, plain
     unknown = subprocess.run([*cli, "--key", "k9"], capture_output=True, text=True, timeout=60)
     assert unknown.returncode == 2 and "'--key'" in unknown.stderr and "k9" in unknown.stderr, \
         unknown
 
 
 def test_an_archive_restricted_to_subnets_answers_no_call_from_outside_and_counts_it(
-        launch, tmp_path: Path) -> None:
+        launch, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """control_subnets that leave loopback out: a loopback caller's calls go unanswered
-    (the answer would go where a host outside said), each counted; inside, answered."""
+    (the answer would go where a host outside said), each counted, and logged once for the
+    caller in the interval, its text escaped; inside, answered."""
+    caplog.set_level(logging.WARNING, logger="slipstream.archive")
     driver = launch()
     for subnets, answered in (("10.255.0.0/16", False), ("127.0.0.0/8", True)):
+        caplog.clear()
         port = free_port()
         settings = ArchiveSettings.from_mapping({
             "dir": str(tmp_path / f"archive-{answered}"), "driver_dir": str(driver.directory),
@@ -236,7 +261,12 @@ def test_an_archive_restricted_to_subnets_answers_no_call_from_outside_and_count
                             assert caller.list_recordings() == []
                         else:
                             with pytest.raises(CallError, match="did not answer"):
-                                caller.list_recordings()
+                                caller._link.call("list\nforged log line")
+                    refusals = [r.getMessage() for r in caplog.records
+                                if "call-outside-subnets" in r.getMessage()]
+                    assert len(refusals) == (0 if answered else 1), refusals
+                    assert all("\n" not in line and "forged log line" in line
+                               for line in refusals), refusals
                     assert service.control is not None
                     assert service.control.refused["call-outside-subnets"] == \
                         (0 if answered else 3)
@@ -259,6 +289,10 @@ def test_an_archive_restricted_to_subnets_answers_no_call_from_outside_and_count
     ({"peers": ["10.0.0.2:8012|key=k1"], "control_keys": {"k1": 8012}}, "replication_port",
      "port 8012, one of this archive's control ports"),
     ({"peers": ["10.0.0.2:8012|kee=k1"]}, "peers", "only key=NAME"),
+    ({"peers": ["10.0.0.2:8010"], "control_port": 8010, "control_keys": {"k1": 8011}},
+     "replication_port", "plain peers would come at port 8011"),
+    ({"peers": ["10.0.0.2:8012|key=k1"], "control_port": 0, "replication_port": 0,
+      "control_keys": {"k1": 8012}}, "replication_port", "peers keyed k1 need a port"),
 ])
 def test_a_protected_calls_setting_the_archive_cannot_act_on_is_refused_by_name(
         values: dict, key: str, why: str) -> None:
@@ -285,9 +319,9 @@ def test_a_keyed_recording_replicates_over_keyed_calls_and_never_over_plain_ones
             f"replication_port = {free_port()}",
             "[[record]]", f'channel = "{own}"', f"stream_id = {STREAM}",
             'source = "remote"']) + "\n")
-        load_settings(config)
-        with archive_process(config, tmp_path / f"b-{replicated}.log"):
-            if replicated:
+        settings = load_settings(config)
+        if replicated:
+            with archive_process(config, tmp_path / f"b-{replicated}.log"):
                 replica = wait_for_recording(b_dir, ended=True, timeout=30)
                 original = wait_for_recording(archive_dir, ended=True)
                 assert recorded_messages(replica, b_dir) == \
@@ -295,6 +329,274 @@ def test_a_keyed_recording_replicates_over_keyed_calls_and_never_over_plain_ones
                 assert len(recorded_messages(replica, b_dir)) == MESSAGES
                 assert replica.channel == own
                 assert replica.source_identity.startswith("replica of recording 0 at ")
-            else:
-                time.sleep(3)  # ten looks at the peer
-                assert recordings(b_dir) == []
+            continue
+        # In this process, to count its looks at the peer: ten lists of its recordings
+        # answered, none of them naming the k1 recording, so nothing fetched.
+        stopping = threading.Event()
+        with ArchiveService(settings) as service:
+            runner = threading.Thread(target=service.run, args=(stopping.is_set,))
+            runner.start()
+            try:
+                replicator = service.replicator
+                assert replicator is not None
+                wait_for(lambda r=replicator: r.looked >= 10, timeout=30,
+                         what="ten looks at the peer")
+                assert recordings(b_dir) == [] and replicator.fetched == 0
+            finally:
+                stopping.set()
+                runner.join(10)
+
+
+def test_a_local_record_without_key_of_a_keyed_publication_is_a_recording_of_its_key(
+        launch, tmp_path: Path) -> None:
+    """A ``[[record]]`` that names no key, read through a spy on a ``key=k1`` publication
+    of the archive's own host (which runs with no subscriber: ``ssc=true``): the spy names no
+    key, yet the recording is catalogued under k1 (the driver says the stream's key with the
+    spy's image), so a plain caller learns nothing of it and the k1 caller reads it all.  A
+    replay the k1 caller runs of a plain recording is the k1 caller's: a plain caller
+    neither sees it in ``replays`` nor stops it."""
+    keys = tmp_path / "keys"
+    write_keys(keys, "k1", [(1, KEY_A)])
+    driver = launch(keys_dir=str(keys))
+    endpoint = f"127.0.0.1:{free_port()}"
+    ports = {None: free_port(), "k1": free_port()}
+    settings = ArchiveSettings.from_mapping({
+        "dir": str(tmp_path / "archive"), "driver_dir": str(driver.directory),
+        "control_port": ports[None], "control_keys": {"k1": ports["k1"]},
+        "record": [{"channel": f"aeron:udp?endpoint={endpoint}", "stream_id": STREAM},
+                   {"channel": "aeron:ipc", "stream_id": HELD_STREAM}]})
+    stopping = threading.Event()
+    with ArchiveService(settings) as service:
+        runner = threading.Thread(target=service.run, args=(stopping.is_set,))
+        runner.start()
+        try:
+            with Client.connect(driver.directory) as client:
+                publication = client.add_publication(
+                    f"aeron:udp?endpoint={endpoint}|ssc=true|key=k1", STREAM)
+                wait_for(lambda: publication.is_connected, timeout=20,
+                         what="the archive's spy joined")
+                publish_all(publication, MESSAGES)
+                publication.close()
+                descriptor = wait_for_recording(settings.dir, ended=True, timeout=30)
+                plain_publication = client.add_publication("aeron:ipc", HELD_STREAM)
+                wait_for(lambda: plain_publication.is_connected, timeout=20,
+                         what="the archive subscribed to the plain stream")
+                publish_all(plain_publication, 10)
+                plain_recording = wait_for_recording(settings.dir, index=1)
+                assert descriptor.channel == f"aeron:udp?endpoint={endpoint}|key=k1"
+                assert len(recorded_messages(descriptor, settings.dir)) == MESSAGES
+                with ArchiveClient(client, "127.0.0.1", ports[None], CONTROL_STREAM,
+                                   timeout_s=10) as plain, \
+                        ArchiveClient(client, "127.0.0.1", ports["k1"], CONTROL_STREAM,
+                                      key="k1", timeout_s=10) as k1:
+                    assert [r.recording_id for r in plain.list_recordings()] == \
+                        [plain_recording.recording_id]
+                    with pytest.raises(CallError, match=f"no recording {descriptor.recording_id}"):
+                        plain.replay(descriptor.recording_id)
+                    assert [r.recording_id for r in k1.list_recordings(stream_id=STREAM)] == \
+                        [descriptor.recording_id]
+                    collector: list[int] = []
+                    with k1.replay(descriptor.recording_id) as replay:
+                        replay.read_all(
+                            lambda d, _h: collector.append(SEQUENCE.unpack_from(d)[0]),
+                            timeout_s=30)
+                    assert collector == list(range(MESSAGES))
+                    follow = k1.start_replay(plain_recording.recording_id,
+                                             f"aeron:udp?endpoint=127.0.0.1:{free_port()}", 7)
+                    assert [r["replay_id"] for r in plain._call("replays")] == []
+                    assert plain.stop_replay(follow.replay_id) is False
+                    assert [r["replay_id"] for r in k1._call("replays")] == [follow.replay_id]
+                    assert k1.stop_replay(follow.replay_id) is True
+                    # Nor is a plain caller's replay the k1 caller's to see or stop.
+                    plain_follow = plain.start_replay(
+                        plain_recording.recording_id,
+                        f"aeron:udp?endpoint=127.0.0.1:{free_port()}", 8)
+                    assert [r["replay_id"] for r in k1._call("replays")] == []
+                    assert k1.stop_replay(plain_follow.replay_id) is False
+                    assert plain.stop_replay(plain_follow.replay_id) is True
+                plain_publication.close()
+        finally:
+            stopping.set()
+            runner.join(10)
+
+
+def test_a_plain_call_naming_a_keyed_callers_reply_address_does_not_stop_its_answers(
+        keyed_archive) -> None:
+    """A plain caller sends a call whose ``reply_channel`` is the k1 caller's reply endpoint:
+    the archive answers it there in plain text (the k1 endpoint drops that), and the k1
+    caller's answers and replays, sealed, still reach it: each key's publications to an
+    address leave from an endpoint of their own."""
+    _, ports, k1_driver, plain_driver, _, _, recorded = keyed_archive
+    with Client.connect(k1_driver.directory) as k1_client, \
+            Client.connect(plain_driver.directory) as plain_client, \
+            ArchiveClient(k1_client, "127.0.0.1", ports["k1"], CONTROL_STREAM, key="k1",
+                          timeout_s=10) as k1, \
+            ArchiveClient(plain_client, "127.0.0.1", ports[None], CONTROL_STREAM,
+                          timeout_s=10) as plain:
+        assert plain.list_recordings() == []
+        link = k1._link
+        hijack = json.dumps({"version": 1, "kind": "call", "id": 999, "op": "list",
+                             "args": {}, "reply_channel": link.reply_channel,
+                             "response_stream_id": link.response_stream_id}).encode()
+        deadline = time.monotonic() + 10
+        while plain._link.control.offer(hijack) <= 0:
+            assert time.monotonic() < deadline, "the plain call was not taken"
+            time.sleep(0.001)
+        # Taken after the hijack on the same image: the archive has answered it by now.
+        assert plain.list_recordings() == []
+        listed = k1.list_recordings()
+        assert [r.descriptor.channel for r in listed] == [recorded]
+        got: list[int] = []
+        with k1.replay(listed[0].recording_id) as replay:
+            replay.read_all(lambda d, _h: got.append(SEQUENCE.unpack_from(d)[0]), timeout_s=30)
+        assert got == list(range(MESSAGES))
+
+
+def test_a_query_holders_replay_is_sealed_under_the_logs_key_whatever_channel_names_it(
+        launch, tmp_path: Path) -> None:
+    """A Spark query's replay holder (keyed k1) holds the log of a ``key=k1`` stream; a k1
+    caller asks a replay of it naming the stream by its plain channel (the holder finds a
+    log by stream and session) to a plain channel: the replay leaves sealed under k1, the
+    log's own key, so a k1 subscriber there reads every message (a plain one would drop)."""
+    keys = tmp_path / "keys"
+    write_keys(keys, "k1", [(1, KEY_A)])
+    driver = launch(keys_dir=str(keys))
+    plain_channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    holder = _Holder(str(driver.directory), "127.0.0.1", free_port(), key="k1")
+    try:
+        with Client.connect(driver.directory) as client:
+            subscription = client.add_subscription(plain_channel + "|key=k1", STREAM)
+            publication = client.add_publication(plain_channel + "|key=k1", STREAM)
+            wait_for(lambda: subscription.images and publication.is_connected, timeout=20,
+                     what="the keyed stream connected")
+            publish_all(publication, 20)  # within the receive window: nothing reads them
+            image = subscription.images[0]
+            wait_for(lambda: image.producer_position() == publication.position,
+                     what="every message in the subscriber's log")
+            assert image.channel_key == "k1"
+            holder.logs = {(STREAM, image.session_id):
+                           (image.log_path, image.join_position, image.channel_key)}
+            with ArchiveClient(client, "127.0.0.1", holder.address[1], holder.address[2],
+                               key="k1", timeout_s=10) as k1:
+                destination = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+                keyed = Collector(client.add_subscription(destination + "|key=k1", 77))
+                held = {"channel": plain_channel, "stream_id": STREAM, "group": "query"}
+                started = k1._call("replay", held=held, session_id=image.session_id,
+                                   log=[image.initial_term_id, image.term_length],
+                                   start=image.join_position, end=image.producer_position(),
+                                   channel=destination, stream_id=77)
+                assert started["replay_id"]
+                deadline = time.monotonic() + 20
+                while len(keyed.seen) < 20 and time.monotonic() < deadline:
+                    keyed.poll()
+                    time.sleep(0.001)
+                got = keyed.seen
+                assert got == list(range(20))
+    finally:
+        holder.close()
+
+
+def test_a_held_stream_call_cannot_make_the_archive_subscribe_towards_a_host_it_names(
+        launch, tmp_path: Path) -> None:
+    """``state`` naming a channel whose ``control=`` is outside the control subnets is
+    refused and counted (the archive's subscription would send status messages there); one
+    with ``control=``/``control-mode=`` inside them is refused by name (only a [[hold]] of
+    the settings may); an endpoint outside them is refused too; a plain unicast one inside
+    is held."""
+    driver = launch()
+    port = free_port()
+    settings = ArchiveSettings.from_mapping({
+        "dir": str(tmp_path / "archive"), "driver_dir": str(driver.directory),
+        "control_port": port, "control_subnets": "127.0.0.0/8"})
+    stopping = threading.Event()
+    with ArchiveService(settings) as service:
+        runner = threading.Thread(target=service.run, args=(stopping.is_set,))
+        runner.start()
+        try:
+            with Client.connect(driver.directory) as client, \
+                    ArchiveClient(client, "127.0.0.1", port, CONTROL_STREAM,
+                                  timeout_s=10) as caller:
+                local = f"127.0.0.1:{free_port()}"
+                for channel in (f"aeron:udp?endpoint={local}|control=10.9.9.9:4000|"
+                                f"control-mode=dynamic",
+                                f"aeron:udp?endpoint=10.9.9.9:{free_port()}"):
+                    refusal(lambda c=channel: caller._link.call(
+                        "state", channel=c, stream_id=STREAM, group="g"),
+                        "call-outside-subnets")
+                with pytest.raises(CallError, match="takes no control= or control-mode="):
+                    caller._link.call("state", channel=f"aeron:udp?control=127.0.0.1:"
+                                      f"{free_port()}|control-mode=dynamic",
+                                      stream_id=STREAM, group="g")
+                assert "sessions" in caller._link.call(
+                    "state", channel=f"aeron:udp?endpoint={local}", stream_id=STREAM,
+                    group="g")
+                assert service.control is not None
+                assert service.control.refused["call-outside-subnets"] == 2
+        finally:
+            stopping.set()
+            runner.join(10)
+
+
+def test_a_plain_and_a_keyed_query_holder_on_one_port_are_refused_naming_replay_port(
+        launch, tmp_path: Path) -> None:
+    """Two Spark queries' replay holders on one host and ``replayPort``, one plain and one
+    keyed k1: the second cannot listen there (one endpoint, one key), and its error names
+    ``replayPort`` and the way out, another port.  At a port of its own it listens, its
+    refusal counters labelled with that port."""
+    keys = tmp_path / "keys"
+    write_keys(keys, "k1", [(1, KEY_A)])
+    driver = launch(keys_dir=str(keys))
+    port = free_port()
+    plain = _Holder(str(driver.directory), "127.0.0.1", port)
+    try:
+        with pytest.raises(OptionError, match="replayPort") as raised:
+            _Holder(str(driver.directory), "127.0.0.1", port, key="k1")
+        assert "set another replayPort" in str(raised.value)
+        keyed_port = free_port()
+        keyed = _Holder(str(driver.directory), "127.0.0.1", keyed_port, key="k1")
+        try:
+            # Its refusals are counted under its own port (its one endpoint is keyed).
+            counters = CountersFile(Path(driver.directory) / COUNTERS_FILE, writable=False)
+            identity = f"replays at 127.0.0.1:{keyed_port}/{keyed.address[2]}"
+            assert all(counters.find(CounterType.CALLS_REFUSED,
+                                     calls_refused_key(cause, identity)) is not None
+                       for cause in REFUSAL_CAUSES)
+        finally:
+            keyed.close()
+    finally:
+        plain.close()
+
+
+def parked(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is in a park: its innermost Python frame is ``await_frames`` (in
+    the C park) or an event's wait."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    return frame is not None and frame.f_code.co_name in ("await_frames", "wait")
+
+
+def test_a_callers_first_image_on_any_control_endpoint_ends_the_wait_for_a_call(
+        launch, tmp_path: Path) -> None:
+    """An archive with a plain and a k1 endpoint waits for a call for far longer than the
+    test waits: a k1 caller's stream coming (no image anywhere yet) ends the wait, and so
+    does a plain caller's coming while the wait parks on the k1 caller's image."""
+    keys = tmp_path / "keys"
+    write_keys(keys, "k1", [(1, KEY_A)])
+    driver = launch(keys_dir=str(keys))
+    ports = {None: free_port(), "k1": free_port()}
+    settings = ArchiveSettings.from_mapping({
+        "dir": str(tmp_path / "archive"), "driver_dir": str(driver.directory),
+        "control_port": ports[None], "control_keys": {"k1": ports["k1"]}})
+    with ArchiveService(settings) as service, Client.connect(driver.directory) as client:
+        control = service.control
+        assert control is not None
+        for key in ("k1", None):
+            waiting = threading.Thread(target=control.wait_for_call, args=(600 * 10**9,))
+            waiting.start()
+            # Parked (on no image, or on the k1 caller's) before the caller comes: an image
+            # there before the wait began is one to wait on for a call, not a call's coming.
+            wait_for(lambda t=waiting: parked(t), what="the wait parked")
+            client.add_publication(channel_with_key(
+                f"aeron:udp?endpoint=127.0.0.1:{ports[key]}", key), CONTROL_STREAM)
+            waiting.join(20)
+            assert not waiting.is_alive(), f"a {key or 'plain'} caller's image did not wake it"
+            assert len(control.call_images()) == (1 if key else 2)

@@ -362,14 +362,19 @@ def test_the_local_reader_never_reads_a_frame_past_the_recorded_stop(driver,
 
 @pytest.mark.anyio  # under trio and asyncio (tests/loops.py)
 async def test_a_replay_is_read_from_a_trio_or_asyncio_task_and_its_wait_cancelled_at_once(
-        driver, tmp_path: Path) -> None:
+        driver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``read_all_async`` reads a recording of 600 mixed-size messages (several segments)
     whole while another task of the loop keeps running; on a followed live recording with
-    nothing more to come it parks, and a cancellation ends it at once with no thread left
-    on the futex."""
+    nothing more to come it parks, and a cancellation frees its thread from the futex (the
+    park slices far longer than the wait for it: only the wake frees it).  Once the recording
+    stops, a followed replay's check of its stop (a call to the archive) runs while the
+    loop's other tasks do: the call goes on only after one of them ran."""
     import anyio
 
+    from slipstream.client import aio
     from slipstream.client.layout import META_READER_WAITERS
+
+    monkeypatch.setattr(aio, "PARK_SLICE_NS", 30_000_000_000)
 
     archive_dir = tmp_path / "archive"
     port, process = start_archive(tmp_path, driver.directory, [("aeron:ipc", 10)])
@@ -400,11 +405,41 @@ async def test_a_replay_is_read_from_a_trio_or_asyncio_task_and_its_wait_cancell
             assert ticks > 0
             with archive.replay(0) as followed:  # live: it ends only when the recording stops
                 with anyio.move_on_after(1.0) as scope:
-                    await followed.read_all_async(lambda data, header: None, 30)
-                cancelled = time.monotonic()
+                    await followed.read_all_async(lambda data, header: None, 60)
                 assert scope.cancelled_caught and followed.position == positions[-1]
                 image = followed.image()
                 assert image is not None
-                wait_for(lambda: image._log.meta_i32(META_READER_WAITERS) == 0, timeout=0.5,
+                wait_for(lambda: image._log.meta_i32(META_READER_WAITERS) == 0,
                          what="the worker thread off the futex")
-                assert time.monotonic() - cancelled < 0.5
+
+            publication.close()  # the recording stops: a followed replay ends there
+            wait_for(lambda: not archive.recording_position(0)[1], what="the recording stopped")
+            other_task_ran = threading.Event()
+            asked = archive.recording_position
+            checks = 0
+
+            def recording_position(recording_id: int) -> tuple[int, bool]:
+                # Answered once another task of the loop ran since: none can while the loop
+                # waits here (then this gives up, and the assertion says so).
+                nonlocal checks
+                checks += 1
+                other_task_ran.clear()
+                assert other_task_ran.wait(20), "the loop was blocked by the stop's check"
+                return asked(recording_id)
+
+            monkeypatch.setattr(archive, "recording_position", recording_position)
+
+            async def mark() -> None:
+                while True:
+                    await anyio.sleep(0.001)
+                    other_task_ran.set()
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(mark)
+                with archive.replay(0) as followed:
+                    got.clear()
+                    await followed.read_all_async(
+                        lambda data, header: got.append((bytes(data), header.position)), 30)
+                    assert followed.done
+                tasks.cancel_scope.cancel()
+            assert got == expected(0, positions) and checks == 1

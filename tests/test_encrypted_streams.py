@@ -487,6 +487,9 @@ def test_a_spy_reads_an_encrypted_publication_in_plain_text(hosts) -> None:
         stream(publication, collectors, 5_000, lambda i: 500)
         for collector in collectors:
             collector.assert_exactly(5_000)
+        # The spy's URI names no key; its driver says the stream's, as the receiver's does.
+        assert [image.channel_key for image in (*spy.images, *subscription.images)] == \
+            ["k", "k"]
         with pytest.raises(ChannelError, match="key"):
             ca.add_subscription(f"aeron-spy:aeron:udp?endpoint={endpoint}|key=k", 22)
 
@@ -587,3 +590,22 @@ def test_the_archive_records_an_encrypted_stream_from_its_plain_log(hosts, tmp_p
     receiver.assert_exactly(1500)
     check_recording(descriptor, archive_dir, positions)
     assert drops(a) == drops(b) == dict.fromkeys(DROPS, 0)
+
+
+def test_a_plain_and_a_keyed_publication_to_one_address_each_have_an_endpoint(hosts) -> None:
+    """A plain publication to an address, opened first, does not hold that address against
+    a keyed one: each sends from a send endpoint of its own key, so the keyed subscriber
+    there gets every keyed message and the plain datagrams are dropped at its endpoint."""
+    a, _ = hosts("a")
+    b, _ = hosts("b")
+    endpoint = f"127.0.0.1:{free_port()}"
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        plain = ca.add_publication(f"aeron:udp?endpoint={endpoint}", 25)
+        subscription = cb.add_subscription(f"aeron:udp?endpoint={endpoint}|key=k", 25)
+        keyed = ca.add_publication(f"aeron:udp?endpoint={endpoint}|key=k", 25)
+        connect(keyed, subscription)
+        collector = Collector(subscription)
+        stream(keyed, [collector], 2_000, lambda i: 200)
+        collector.assert_exactly(2_000)
+        assert not plain.is_connected
+        wait_for(lambda: drops(b)["CRYPTO_PLAIN_DROPS"] > 0, what="the plain SETUPs dropped")

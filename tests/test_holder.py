@@ -406,7 +406,8 @@ def test_the_holder_refuses_a_question_about_another_log_and_drops_a_malformed_c
         client.close()
     ingest.holder.send_signal(signal.SIGTERM)
     output, _ = ingest.holder.communicate(timeout=10)
-    assert output.count("a malformed call dropped") == 3, output
+    # Logged once for the caller in the interval (the others held back, counted).
+    assert output.count("malformed, dropped") == 1, output
     assert ingest.holder.returncode == 0
 
 

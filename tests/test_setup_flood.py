@@ -355,7 +355,7 @@ def test_a_log_made_for_a_sender_that_stopped_asking_is_freed(shm: Path) -> None
 
 @pytest.mark.unit
 def test_notices_are_told_once_per_source_per_interval_with_what_was_held_back() -> None:
-    from slipstream.daemon.protocol.notices import SourceNotices
+    from slipstream.client.notices import SourceNotices
 
     notices = SourceNotices(interval_ns=100, capacity=2)
     assert notices.tell("a", 0) == 0
@@ -368,7 +368,7 @@ def test_notices_are_told_once_per_source_per_interval_with_what_was_held_back()
 
 @pytest.mark.unit
 def test_notices_keep_a_bounded_table_whatever_the_sources() -> None:
-    from slipstream.daemon.protocol.notices import SourceNotices
+    from slipstream.client.notices import SourceNotices
 
     notices = SourceNotices(interval_ns=1_000, capacity=64)
     told = sum(notices.tell(f"10.0.{i // 256}.{i % 256}", i) is not None for i in range(10_000))

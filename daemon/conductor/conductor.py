@@ -562,7 +562,7 @@ class DriverConductor:
             log_file=publication.log.path,
             subscriber_position_counter_id=subscriber.counter_id,
             join_position=self.counters.get(subscriber.counter_id),
-            source_identity="aeron:ipc"))
+            source_identity="aeron:ipc", channel_key=None))
 
     def _on_add_counter(self, client: ClientSession, message: dict[str, Any]) -> Outgoing:
         """A counter the client owns (Aeron's on_add_counter): allocated here, with a new

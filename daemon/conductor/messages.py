@@ -64,14 +64,16 @@ def operation_success(correlation_id: int) -> dict[str, Any]:
 def available_image(*, image_registration_id: int, subscription_registration_id: int,
                     session_id: int, stream_id: int, log_file: Path,
                     subscriber_position_counter_id: int, join_position: int,
-                    source_identity: str) -> dict[str, Any]:
+                    source_identity: str, channel_key: str | None) -> dict[str, Any]:
     """A subscription has a new image: read ``log_file`` from ``join_position`` and keep the
-    position in the counter."""
+    position in the counter.  ``channel_key``: the name of the key its stream is sealed
+    under on the network (``key=``; None: plain), which a spy's URI cannot say."""
     return {"type": control.AVAILABLE_IMAGE, "correlation_id": image_registration_id,
             "subscription_registration_id": subscription_registration_id,
             "session_id": session_id, "stream_id": stream_id, "log_file": str(log_file),
             "subscriber_position_counter_id": subscriber_position_counter_id,
-            "join_position": join_position, "source_identity": source_identity}
+            "join_position": join_position, "source_identity": source_identity,
+            "channel_key": channel_key}
 
 
 def unavailable_image(*, image_registration_id: int, subscription_registration_id: int,

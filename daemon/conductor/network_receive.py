@@ -31,6 +31,7 @@ from slipstream.client.channel import Channel, keys_given
 from slipstream.client.counters import CountersFile, CountersFullError, CounterType, SystemCounter
 from slipstream.client.errors import ChannelError
 from slipstream.client.logbuffer import LogBuffer, compute_log_length, term_count
+from slipstream.client.notices import SourceNotices
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.agents.commands import ReceiverProxy, RemovedDestination
 from slipstream.daemon.agents.receiver import ReceiveEndpoint
@@ -75,7 +76,6 @@ from slipstream.daemon.media.events import (
 )
 from slipstream.daemon.media.names import NameWatch
 from slipstream.daemon.media.receive_channel import ReceiveChannel
-from slipstream.daemon.protocol.notices import SourceNotices
 from slipstream.daemon.protocol.params import SubscriptionParams
 from slipstream.daemon.protocol.types import Address
 from slipstream.daemon.reports.loss_report import LossReport
@@ -647,7 +647,8 @@ class ReceiveSide:
             session_id=image.session_id, stream_id=image.stream_id,
             log_file=image_entry.log.path, subscriber_position_counter_id=counter_id,
             join_position=position,
-            source_identity=f"{image_entry.source[0]}:{image_entry.source[1]}"))
+            source_identity=f"{image_entry.source[0]}:{image_entry.source[1]}",
+            channel_key=subscription.channel.key))
 
     def unlink(self, image_entry: _ImageEntry,
                link: TetherablePosition[NetworkSubscription]) -> None:

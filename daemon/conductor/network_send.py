@@ -70,7 +70,7 @@ from slipstream.daemon.conductor.sharing import (
     check_same_watermarks,
     check_session_free,
     destination_of,
-    endpoint_key,
+    send_endpoint_key,
 )
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow.registry import flow_control_for
@@ -165,7 +165,7 @@ class SendSide:
         request_image = self._check_response_keys(channel)
         # Publications with another response-correlation-id share nothing (Aeron's
         # findPublication): each answers, or asks on behalf of, its own.
-        key = (endpoint_key(channel, destination), stream_id, channel.session_id,
+        key = (send_endpoint_key(channel, destination), stream_id, channel.session_id,
                channel.response_correlation_id)
         entry = None if exclusive else self._shared_publications.get(key)
         if entry is None:
@@ -412,7 +412,7 @@ class SendSide:
         sender connects its socket there (its publications' SETUP, heartbeats and data go
         there from the next duty cycle), the endpoint is found by its new address from now
         on, and RESOLUTION_CHANGES counts it (docs/PROTOCOL.md §7.2)."""
-        (_, port), interface = endpoint.key
+        ((_, port), interface), sealing = endpoint.key
         address: Address = (new, port)
         self.sender_proxy.on_resolution_change(endpoint.endpoint, address)
         if old == new:  # the move to it did not take before (on_retarget_failed): again
@@ -421,7 +421,7 @@ class SendSide:
         self.counters.add(SystemCounter.RESOLUTION_CHANGES)
         log.info("the peer of send endpoint %s:%d resolved to %s: sending there", old, port,
                  new)
-        new_key = (address, interface)
+        new_key = ((address, interface), sealing)
         if new_key in self._send_endpoints or endpoint.state is not _EndpointState.OPEN:
             return  # another endpoint sends there already: channels naming it find that one
         del self._send_endpoints[endpoint.key]

@@ -156,7 +156,9 @@ class SpySubscriptions:
             subscription_registration_id=spy.registration_id,
             session_id=publication.session_id, stream_id=publication.stream_id,
             log_file=entry.log.path, subscriber_position_counter_id=counter_id,
-            join_position=join, source_identity=SPY_SOURCE_IDENTITY))
+            join_position=join, source_identity=SPY_SOURCE_IDENTITY,
+            # A spy names no key; the stream it reads leaves sealed under its endpoint's.
+            channel_key=entry.endpoint.channel.key))
 
     def _hold_for_spy(self, entry: _PublicationEntry) -> int:
         """A spy's join position: the publication's sender position, which its log keeps
@@ -257,7 +259,9 @@ class SpySubscriptions:
 
 def _spies_on(spy: NetworkSubscription, entry: _PublicationEntry) -> bool:
     """Whether ``spy`` reads ``entry``'s publication (Aeron's SpySubscriptionLink.matches): the
-    same send endpoint, its stream, and its session if the spy names one; not once closing."""
-    return (not entry.closing and spy.spied_key == entry.endpoint.key
+    same send endpoint (whatever its key: a spy takes none, and reads the logs of both a plain
+    and a keyed endpoint to its address), its stream, and its session if the spy names one;
+    not once closing."""
+    return (not entry.closing and spy.spied_key == entry.endpoint.key[0]
             and spy.wants(entry.publication.session_id, entry.publication.stream_id))
 

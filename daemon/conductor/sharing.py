@@ -91,6 +91,18 @@ def endpoint_key(channel: Channel, address: Address) -> tuple[Any, ...]:
     return (address, interface)
 
 
+def send_endpoint_key(channel: Channel, address: Address) -> tuple[Any, ...]:
+    """The send endpoint a publication's channel uses: its :func:`endpoint_key`'s, and for
+    a unicast or multicast one its key (``key=``) too: a plain publication and one keyed
+    ``NAME`` to the same address each have an endpoint (a socket) of their own, each of one
+    key, so a publication of one key never holds an address against another key's (an
+    archive answers callers of several keys at addresses they name).  A multi-destination-
+    cast or response endpoint, bound to its control address, has one key for all: a channel
+    of another is refused (:func:`check_same_key`)."""
+    bound = address == ALL_DESTINATIONS or channel.is_response
+    return (endpoint_key(channel, address), None if bound else channel.key)
+
+
 def check_same_log(channel: Channel, log_buffer: LogBuffer, session_id: int,
                    stream_id: int) -> None:
     """A second publisher of a shared publication (IPC or UDP) cannot ask for another log

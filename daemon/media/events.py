@@ -64,7 +64,7 @@ class ImageDone:
 class ImageRejected:
     """The receiver refused a SETUP itself (its term is longer than its subscription takes):
     the conductor logs why, since the operator sees only a counter otherwise.  Posted once
-    per source per interval (daemon/protocol/notices.py): ``held`` is how many refusals of
+    per source per interval (client/notices.py): ``held`` is how many refusals of
     that source since the last were not posted."""
 
     channel: ReceiveChannel

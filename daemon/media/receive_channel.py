@@ -76,6 +76,7 @@ from slipstream.client.layout import (
     TYPE_FIELD,
 )
 from slipstream.client.logbuffer import LogBuffer, check_mtu, check_term_length, term_count
+from slipstream.client.notices import SourceNotices
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
@@ -87,7 +88,6 @@ from slipstream.daemon.media.events import (
     ImageUnavailable,
     ReceiverEvent,
 )
-from slipstream.daemon.protocol.notices import SourceNotices
 from slipstream.daemon.protocol.params import SubscriptionParams
 from slipstream.daemon.protocol.types import (
     Address,

@@ -1,7 +1,8 @@
 """Notices about what a remote host did, at most one per source per interval (sans-I/O).
 
-A SETUP the driver refuses is a line in its log and may be an ERR frame to its sender; a host
-that sends thousands of them must not get thousands of lines (or frames) for them.
+A SETUP the driver refuses is a line in its log and may be an ERR frame to its sender, a call
+the archive refuses a line in its log; a host that sends thousands of them must not get
+thousands of lines (or frames) for them.
 :class:`SourceNotices` says, for each event and its source, whether to tell now: the first
 event of a source in an interval is told, the others of that interval are only counted, and
 the next told one carries how many were held back.  The table of sources is bounded: spoofed
