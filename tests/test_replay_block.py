@@ -574,13 +574,18 @@ def test_a_replays_waits_park_and_never_spin(holder_and_reader: TwoDrivers,
     end = hosts.publication.position
     spins: dict[str, list[int | None]] = {"holder": [], "reader": []}
     wait_for_data = Subscription.wait_for_data
+    await_frames = control.await_frames
 
     def recorded(self: Subscription, timeout_ns: int, spin_ns: int | None = None) -> bool:
-        spins["holder" if self is hosts.holder.control._subscription else "reader"].append(
-            spin_ns)
+        spins["reader"].append(spin_ns)
         return wait_for_data(self, timeout_ns, spin_ns)
 
+    def served(images: list[Image], timeout_ns: int, spin_ns: int = 0) -> bool:
+        spins["holder"].append(spin_ns)
+        return await_frames(images, timeout_ns, spin_ns)
+
     monkeypatch.setattr(Subscription, "wait_for_data", recorded)
+    monkeypatch.setattr(control, "await_frames", served)
     assert task_rows(hosts.partition(0, end)) == source_rows(hosts.image, 0, end)
     wait_for(lambda: spins["holder"], what="the server waiting for its next call")
     assert spins["reader"] and set(spins["reader"]) == {0}, spins["reader"]
