@@ -62,6 +62,7 @@ from slipstream.daemon.conductor.sharing import (
     check_session_free,
 )
 from slipstream.daemon.conductor.untethered import tether_for
+from slipstream.daemon.conductor.watch import WordWatch
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.pressure.episodes import (
     EPISODE_SAMPLE_INTERVAL_NS,
@@ -133,6 +134,11 @@ class DriverConductor:
         self._clients_by_key: dict[bytes, ClientSession] = {}
         self.ipc_publications: dict[int, IpcPublication] = {}  # by registration id
         self._ipc_by_stream: dict[int, IpcPublication] = {}
+        #: The words each IPC publication's pass reads, watched (:class:`WordWatch`), and the
+        #: publications a pass found unsettled (``IpcPublication.is_settled``): a duty cycle
+        #: passes over these and those whose words changed, not over every one.
+        self._ipc_watch = WordWatch()
+        self._ipc_unsettled: set[IpcPublication] = set()
         self.budget = LogBudget(settings.log_buffer_memory_limit)
         self.network: NetworkConductor | None = None
         if transports is not None:
@@ -407,7 +413,8 @@ class DriverConductor:
         path = self.directory / control.PUBLICATIONS_DIR / f"{registration_id}.logbuffer"
         reserved = self.budget.reserve(term_length, f"stream {stream_id} on aeron:ipc")
         try:
-            check_room_for_log(path, reserved)
+            # The budget counts this log already: what the others may take is the rest.
+            check_room_for_log(path, reserved, logs_length=self.budget.used - reserved)
             publication = IpcPublication.create(
                 path=str(path),
                 registration_id=registration_id, stream_id=stream_id, session_id=session_id,
@@ -425,6 +432,7 @@ class DriverConductor:
             self.budget.release(reserved)
             raise no_room_for_log(path, stream_id, term_length, e) from None
         self.ipc_publications[registration_id] = publication
+        publication.watch_words(self._ipc_watch)
         if shared:
             self._ipc_by_stream[stream_id] = publication
         log.info("created %s IPC publication %d stream=%d session=%d term_length=%d",
@@ -625,13 +633,16 @@ class DriverConductor:
         work = 0
         out: Outgoing = []
         self._last_cycle_ns = now_ns
-        for publication in list(self.ipc_publications.values()):
+        for publication in self._ipc_due():
+            produced = len(out)
+            limit = self.counters.get(publication.publisher_limit_id)
             # Sampled against the limit the publishers had since the last cycle: right after
             # the limit moves, the depth would dip by what the subscribers read in a cycle
             # though the publishers never stopped pressing.
             for event in publication.sample_episodes(now_ns):
                 out.extend(self._episode_messages(publication.registration_id, event))
-            work += publication.update_limits(now_ns)
+            passed = publication.update_limits(now_ns)
+            work += passed
             # Only while publishers write (as Aeron's): a log that drains, or a driver that
             # drains, owes it in whole to every subscriber, untethered ones too; nothing is
             # held back any more.
@@ -642,6 +653,13 @@ class DriverConductor:
             if publication.is_drained():
                 out.extend(self._close_publication(publication))
                 work += 1
+            elif (passed == 0 and len(out) == produced and publication.is_settled
+                  and self.counters.get(publication.publisher_limit_id) == limit):
+                # The next pass would find the same words (the limit it samples too): none
+                # until one changes.
+                self._ipc_unsettled.discard(publication)
+            else:
+                self._ipc_unsettled.add(publication)
         if self.network is not None:
             if self.network.has_events:
                 network_work, network_out = self.network.do_work(now_ns)
@@ -665,6 +683,18 @@ class DriverConductor:
             if self.network is not None:
                 self.network.transports.reload_keys(now_ns)
         return work, out
+
+    def _ipc_due(self) -> list[IpcPublication]:
+        """The IPC publications this cycle passes over, in the order they were made: every
+        one while the driver drains; else those a pass left unsettled and those whose watched
+        words changed or that marked a change of their own."""
+        moved = self._ipc_watch.changed()
+        if self.drain_phase is not DrainPhase.NONE:
+            return list(self.ipc_publications.values())
+        due = [p for p in self._ipc_unsettled.union(moved)
+               if p.state is not IpcPublicationState.DONE]
+        due.sort(key=lambda p: p.registration_id)
+        return due
 
     def _govern(self, now_ns: int) -> None:
         """One sample of the pressure governor (daemon/pressure/governor.py)."""
@@ -729,6 +759,7 @@ class DriverConductor:
                     subscription_registration_id=subscriber.subscription.registration_id,
                     stream_id=publication.stream_id)))
         del self.ipc_publications[publication.registration_id]
+        self._ipc_unsettled.discard(publication)
         if self._ipc_by_stream.get(publication.stream_id) is publication:
             del self._ipc_by_stream[publication.stream_id]
         self.budget.release(publication.log.length)
@@ -767,7 +798,9 @@ class DriverConductor:
         """When the conductor next needs a cycle even if nothing happens (ns, the clock of
         :meth:`do_work`).  Asked after every idle duty cycle: plain loops, no generators."""
         network = self.network
-        ipc_publications = self.ipc_publications.values()
+        # A publication cleaning behind or in an open episode is unsettled.
+        ipc_publications = (self.ipc_publications.values()
+                            if self.drain_phase is not DrainPhase.NONE else self._ipc_unsettled)
         for publication in ipc_publications:
             if publication.is_cleaning_behind:
                 return self._last_cycle_ns  # overdue: clean the next chunk after one yield
