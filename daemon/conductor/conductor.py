@@ -14,6 +14,7 @@ publishers and a killed client's counters are freed.
 
 from __future__ import annotations
 
+import collections
 import enum
 import logging
 import os
@@ -139,6 +140,12 @@ class DriverConductor:
         #: passes over these and those whose words changed, not over every one.
         self._ipc_watch = WordWatch()
         self._ipc_unsettled: set[IpcPublication] = set()
+        #: Indexes by stream id, so that no command looks at every stream: the IPC
+        #: publications (by registration id, as made), and the IPC subscriptions.
+        self._ipc_of_stream: dict[int, dict[int, IpcPublication]] = {}
+        self._ipc_subscriptions_of_stream: dict[int, dict[int, Subscription]] = {}
+        #: How many IPC publications use each session id (:meth:`_new_session_id`).
+        self._ipc_session_ids: collections.Counter[int] = collections.Counter()
         self.budget = LogBudget(settings.log_buffer_memory_limit)
         self.network: NetworkConductor | None = None
         if transports is not None:
@@ -181,9 +188,11 @@ class DriverConductor:
     def _new_session_id(self) -> int:
         low = self.settings.publication_reserved_session_id_low
         high = self.settings.publication_reserved_session_id_high
-        used = {p.session_id for p in self.ipc_publications.values()}
-        if self.network is not None:
-            used |= self.network.used_session_ids
+        network = self.network
+        ipc_ids = self._ipc_session_ids
+        network_ids = network.used_session_ids if network is not None else ipc_ids
+        in_use = len(self.ipc_publications) + (len(network.publications)
+                                                if network is not None else 0)
         # Drawn from the ids outside the reserved range (the settings leave at least one):
         # [INT32_MIN, low) then (high, INT32_MAX], counted as one run of `free` ids.
         below = low - INT32_MIN
@@ -197,12 +206,12 @@ class DriverConductor:
         # from the last draw visits at most len(used) + 1 ids.
         for _ in range(8):
             session_id = nth_free(start)
-            if session_id not in used:
+            if session_id not in ipc_ids and session_id not in network_ids:
                 return session_id
             start = self._rng.randrange(free)
-        for step in range(min(free, len(used) + 1)):
+        for step in range(min(free, in_use + 1)):
             session_id = nth_free((start + step) % free)
-            if session_id not in used:
+            if session_id not in ipc_ids and session_id not in network_ids:
                 return session_id
         raise ResourceError(
             f"no session id is free: all {free} outside the reserved range "
@@ -397,8 +406,8 @@ class DriverConductor:
     def _active_ipc(self, stream_id: int) -> list[IpcPublication]:
         """The ACTIVE IPC publications of ``stream_id``: its shared one, and its exclusive
         ones (the ones a new subscription reads)."""
-        return [p for p in self.ipc_publications.values()
-                if p.stream_id == stream_id and p.state is IpcPublicationState.ACTIVE]
+        return [p for p in self._ipc_of_stream.get(stream_id, {}).values()
+                if p.state is IpcPublicationState.ACTIVE]
 
     def _create_ipc_publication(self, channel: Channel, stream_id: int, now_ns: int, *,
                                 shared: bool = True) -> IpcPublication:
@@ -432,6 +441,8 @@ class DriverConductor:
             self.budget.release(reserved)
             raise no_room_for_log(path, stream_id, term_length, e) from None
         self.ipc_publications[registration_id] = publication
+        self._ipc_of_stream.setdefault(stream_id, {})[registration_id] = publication
+        self._ipc_session_ids[session_id] += 1
         publication.watch_words(self._ipc_watch)
         if shared:
             self._ipc_by_stream[stream_id] = publication
@@ -540,16 +551,21 @@ class DriverConductor:
                 publication.remove_subscriber(subscription.registration_id)
             raise
         client.subscriptions[subscription.registration_id] = subscription
+        self._ipc_subscriptions_of_stream.setdefault(stream_id, {})[
+            subscription.registration_id] = subscription
         return out
 
     def _link_subscriptions(self, publication: IpcPublication) -> Outgoing:
-        """A new publication: every matching subscription gets an image of it."""
+        """A new publication: every matching subscription gets an image of it, client by
+        client as they connected, each client's as it subscribed."""
         out: Outgoing = []
-        for client in self.clients.values():
-            for subscription in client.subscriptions.values():
-                if (isinstance(subscription, Subscription)
-                        and subscription.wants(publication.session_id, publication.stream_id)):
-                    out.append(self._attach(publication, subscription, client))
+        subscriptions = sorted(
+            self._ipc_subscriptions_of_stream.get(publication.stream_id, {}).values(),
+            key=lambda s: (s.client_id, s.registration_id))
+        for subscription in subscriptions:
+            client = self.clients[subscription.client_id]
+            if subscription.wants(publication.session_id, publication.stream_id):
+                out.append(self._attach(publication, subscription, client))
         return out
 
     def _attach(self, publication: IpcPublication, subscription: Subscription,
@@ -610,7 +626,11 @@ class DriverConductor:
             assert self.network is not None
             self.network.remove_subscription(subscription.registration_id)
             return
-        for publication in self.ipc_publications.values():
+        of_stream = self._ipc_subscriptions_of_stream[subscription.stream_id]
+        del of_stream[subscription.registration_id]
+        if not of_stream:
+            del self._ipc_subscriptions_of_stream[subscription.stream_id]
+        for publication in list(self._ipc_of_stream.get(subscription.stream_id, {}).values()):
             publication.remove_subscriber(subscription.registration_id)
 
     def _remove_client(self, client: ClientSession, now_ns: int) -> None:
@@ -759,12 +779,23 @@ class DriverConductor:
                     subscription_registration_id=subscriber.subscription.registration_id,
                     stream_id=publication.stream_id)))
         del self.ipc_publications[publication.registration_id]
+        self._unindex(publication)
         self._ipc_unsettled.discard(publication)
         if self._ipc_by_stream.get(publication.stream_id) is publication:
             del self._ipc_by_stream[publication.stream_id]
         self.budget.release(publication.log.length)
         publication.close()
         return out
+
+    def _unindex(self, publication: IpcPublication) -> None:
+        """``publication`` leaves the indexes by stream and session."""
+        of_stream = self._ipc_of_stream[publication.stream_id]
+        del of_stream[publication.registration_id]
+        if not of_stream:
+            del self._ipc_of_stream[publication.stream_id]
+        self._ipc_session_ids[publication.session_id] -= 1
+        if not self._ipc_session_ids[publication.session_id]:
+            del self._ipc_session_ids[publication.session_id]
 
     def _check_client_liveness(self, now_ns: int) -> Outgoing:
         out: Outgoing = []
@@ -891,6 +922,8 @@ class DriverConductor:
             publication.close()
         self.ipc_publications.clear()
         self._ipc_by_stream.clear()
+        self._ipc_of_stream.clear()
+        self._ipc_session_ids.clear()
         if self.network is not None:
             self.network.close(now_ns)
 
