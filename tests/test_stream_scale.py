@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slipstream.client import Client, control
-from slipstream.client.errors import SlipstreamError
 from slipstream.client.counters import CountersFile, CountersFullError, CounterType
+from slipstream.client.errors import SlipstreamError
 from slipstream.daemon._network import ffi
 from slipstream.daemon.conductor import ipc
 from slipstream.daemon.conductor.conductor import DriverConductor
