@@ -1,12 +1,14 @@
 """How a driver's costs grow with its streams: one driver, one client adding K stream pairs (a
-subscription, then a publication, on stream 1000 + i), 64 KiB terms, one message through
+subscription, then a publication, on stream 1000 + i; the publications are a second client
+process's, as each mapped log holds a file descriptor), 64 KiB terms, one message through
 each, then idle.  For each K it prints:
 
 * the time to add a pair, in ms: the mean of the first 100 pairs and of the last 100, their
   ratio (flat is 1.0), and the total; IPC at K = 100, 1,000, 10,000 and UDP on loopback (an
   endpoint of its own each) at K = 100, 500, 2,000 by default;
 * the time from the last add until one message went through every pair (UDP: every stream
-  connected);
+  connected), and through how many within 120 s (a stream the receiver refuses never
+  connects);
 * with the K streams open and idle (UDP endpoints on consecutive ports below the kernel's
   ephemeral range): the driver process's CPU (% of one core, utime + stime
   from ``/proc/PID/stat`` over ``--idle-s`` seconds), the heartbeats and status messages it
@@ -63,6 +65,7 @@ class Curve:
     pairs: int
     add_ns: list[int]
     through_s: float
+    through: int  # the pairs whose message arrived
     idle_cpu: float  # share of one core
     heartbeats: float | None  # per stream per second (slipstream's counters)
     status_messages: float | None
@@ -125,63 +128,108 @@ def idle_cpu(pid: int, seconds: float, during: Callable[[], None] | None = None)
     return (cpu_ticks(pid) - began_ticks) / CLOCK_TICKS / (time.monotonic() - began)
 
 
+def _publishing_client(directory: str, channels: list[str], conn) -> None:
+    """The publications, in a client process of their own: each mapped log holds a file
+    descriptor (Python's mmap keeps one), and 10,000 images and 10,000 publications in one
+    process pass what a process may hold.  For each index received it adds that pair's
+    publication and answers the ns it took; then ("offer", deadline) offers one message on
+    each until the deadline and answers the stream ids that took it; then waits for "close"."""
+    from slipstream.client import Client
+
+    with Client.connect(directory, timeout=30.0) as client:
+        publications = []
+        while isinstance(request := conn.recv(), int):
+            began = time.perf_counter_ns()
+            publications.append(client.add_publication(channels[request], 1000 + request))
+            conn.send(time.perf_counter_ns() - began)
+        _, deadline = request
+        message = bytes(32)
+        waiting = list(publications)
+        while waiting and time.time() < deadline:  # a stream refused never connects
+            waiting = [p for p in waiting if p.offer(message) < 0]
+            if waiting:
+                time.sleep(0.001)
+        conn.send({p.stream_id for p in publications} - {p.stream_id for p in waiting})
+        conn.recv()
+
+
 def run_slipstream(directory: Path, transport: str, pairs: int, idle_s: float,
                    settings: dict[str, str]) -> Curve:
-    from slipstream.client import Client, control
-    from slipstream.client.counters import CountersFile, SystemCounter
+    import multiprocessing
+
+    from slipstream.client import Client
     from slipstream.daemon.driver import MediaDriver
 
     driver_directory = directory / f"slipstream-{transport}-{pairs}"
     overrides = {"term_buffer_length": str(TERM_LENGTH), "ipc_term_buffer_length": str(TERM_LENGTH),
                  **settings}
+    base = first_port(pairs) if transport == "udp" else 0
+    channels = ([f"aeron:udp?endpoint=127.0.0.1:{base + i}" for i in range(pairs)]
+                if transport == "udp" else ["aeron:ipc"] * pairs)
+    context = multiprocessing.get_context("spawn")
+    conn, theirs = context.Pipe()
     with MediaDriver.launch(directory=driver_directory, **overrides) as driver, \
             Client.connect(driver_directory, timeout=30.0) as client:
         pid = driver.pid
         rss_before, shm_before = rss_bytes(pid), shm_bytes(driver_directory)
-        base = first_port(pairs) if transport == "udp" else 0
-        channels = ([f"aeron:udp?endpoint=127.0.0.1:{base + i}" for i in range(pairs)]
-                    if transport == "udp" else ["aeron:ipc"] * pairs)
-        subscriptions, publications, add_ns = [], [], []
-        for i, channel in enumerate(channels):
-            began = time.perf_counter_ns()
-            subscriptions.append(client.add_subscription(channel, 1000 + i))
-            publications.append(client.add_publication(channel, 1000 + i))
-            add_ns.append(time.perf_counter_ns() - began)
-        began = time.monotonic()
-        deadline = began + THROUGH_TIMEOUT_S
-        message = bytes(32)
-        for publication in publications:
-            while publication.offer(message) < 0:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"stream {publication.stream_id} never took its message "
-                                       f"within {THROUGH_TIMEOUT_S:g} s")
-                time.sleep(0.0005)
-        for subscription in subscriptions:
-            while subscription.poll(lambda *_: None, 1) == 0:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"stream {subscription.stream_id}'s message never "
-                                       f"arrived within {THROUGH_TIMEOUT_S:g} s")
-                time.sleep(0.0005)
-        through_s = time.monotonic() - began
-        time.sleep(SETTLE_S)
-        counters = CountersFile(driver_directory / control.COUNTERS_FILE, writable=False)
+        publisher = context.Process(target=_publishing_client,
+                                    args=(str(driver_directory), channels, theirs))
+        publisher.start()
         try:
-            sent_before = (counters.get(SystemCounter.HEARTBEATS_SENT),
-                           counters.get(SystemCounter.STATUS_MESSAGES_SENT))
-            sent: list[int] = []
-            began = time.monotonic()
-            cpu = idle_cpu(pid, idle_s, lambda: sent.extend(
-                (counters.get(SystemCounter.HEARTBEATS_SENT),
-                 counters.get(SystemCounter.STATUS_MESSAGES_SENT))))
-            elapsed = time.monotonic() - began
+            return _measure(driver_directory, client, conn, pid, channels, idle_s,
+                            (rss_before, shm_before), transport)
         finally:
-            counters.close()
-        per_stream = pairs * elapsed
-        return Curve("slipstream", transport, pairs, add_ns, through_s, cpu,
-                     (sent[0] - sent_before[0]) / per_stream,
-                     (sent[1] - sent_before[1]) / per_stream,
-                     (rss_bytes(pid) - rss_before) / pairs,
-                     (shm_bytes(driver_directory) - shm_before) / pairs)
+            conn.send("close")
+            publisher.join(60)
+
+
+def _measure(driver_directory: Path, client, conn, pid: int,
+             channels: list[str], idle_s: float, before: tuple[int, int],
+             transport: str) -> Curve:
+    """Add the pairs (the subscription here, the publication in the publishing client), one
+    message through each, then the idle figures."""
+    from slipstream.client import control
+    from slipstream.client.counters import CountersFile, SystemCounter
+
+    pairs = len(channels)
+    subscriptions, add_ns = [], []
+    for i, channel in enumerate(channels):
+        began = time.perf_counter_ns()
+        subscriptions.append(client.add_subscription(channel, 1000 + i))
+        subscribed_ns = time.perf_counter_ns() - began
+        conn.send(i)
+        add_ns.append(subscribed_ns + conn.recv())
+    began = time.monotonic()
+    conn.send(("offer", time.time() + THROUGH_TIMEOUT_S))
+    sent = conn.recv()
+    deadline = began + THROUGH_TIMEOUT_S
+    unread = [s for s in subscriptions if s.stream_id in sent]
+    while unread and time.monotonic() < deadline:
+        unread = [s for s in unread if s.poll(lambda *_: None, 1) == 0]
+        if unread:
+            time.sleep(0.001)
+    through = len(sent) - len(unread)
+    through_s = time.monotonic() - began
+    time.sleep(SETTLE_S)
+    counters = CountersFile(driver_directory / control.COUNTERS_FILE, writable=False)
+    try:
+        sent_before = (counters.get(SystemCounter.HEARTBEATS_SENT),
+                       counters.get(SystemCounter.STATUS_MESSAGES_SENT))
+        sent_after: list[int] = []
+        began = time.monotonic()
+        cpu = idle_cpu(pid, idle_s, lambda: sent_after.extend(
+            (counters.get(SystemCounter.HEARTBEATS_SENT),
+             counters.get(SystemCounter.STATUS_MESSAGES_SENT))))
+        elapsed = time.monotonic() - began
+    finally:
+        counters.close()
+    per_stream = pairs * elapsed
+    rss_before, shm_before = before
+    return Curve("slipstream", transport, pairs, add_ns, through_s, through, cpu,
+                 (sent_after[0] - sent_before[0]) / per_stream,
+                 (sent_after[1] - sent_before[1]) / per_stream,
+                 (rss_bytes(pid) - rss_before) / pairs,
+                 (shm_bytes(driver_directory) - shm_before) / pairs)
 
 
 def build_aeron_client(aeron: Path, directory: Path) -> Path:
@@ -224,7 +272,7 @@ def run_aeron(aeron: Path, program: Path, directory: Path, transport: str, pairs
             raise RuntimeError("the Aeron client did not reach its idle phase")
         time.sleep(SETTLE_S)
         cpu = idle_cpu(driver.pid, idle_s)
-        curve = Curve("aeron C", transport, pairs, add_ns, through_s, cpu, None, None,
+        curve = Curve("aeron C", transport, pairs, add_ns, through_s, pairs, cpu, None, None,
                       (rss_bytes(driver.pid) - rss_before) / pairs,
                       (shm_bytes(aeron_directory) - shm_before) / pairs)
         client.wait(timeout=60)
@@ -244,8 +292,9 @@ def print_curve(curve: Curve, peer: Curve | None) -> None:
     print(f"  {curve.driver:10s} {curve.transport} K={curve.pairs:6d}: add a pair "
           f"{curve.first_ms:7.2f} ms first {min(EDGE, curve.pairs)} -> {curve.last_ms:7.2f} ms "
           f"last {min(EDGE, curve.pairs)} ({curve.last_ms / curve.first_ms:.2f}x), "
-          f"{sum(curve.add_ns) / 1e9:.1f} s in all; one message through all "
-          f"{curve.through_s:.2f} s; idle {100 * curve.idle_cpu:.1f} % of a core{rates}; "
+          f"{sum(curve.add_ns) / 1e9:.1f} s in all; one message through "
+          f"{curve.through} of {curve.pairs} in {curve.through_s:.2f} s; idle "
+          f"{100 * curve.idle_cpu:.1f} % of a core{rates}; "
           f"per stream RSS {curve.rss_per_stream / 1024:.0f} KiB, /dev/shm "
           f"{curve.shm_per_stream / 1024:.0f} KiB{versus}", flush=True)
 
@@ -271,7 +320,7 @@ def main() -> int:
                         metavar="KEY=VALUE", help="a slipstream driver setting")
     args = parser.parse_args()
     settings = dict(args.set)
-    print(f"stream scale on {machine()}; {TERM_LENGTH // 1024} KiB terms, one client, "
+    print(f"stream scale on {machine()}; {TERM_LENGTH // 1024} KiB terms, two clients, "
           f"slipstream settings: defaults{''.join(f', {k}={v}' for k, v in settings.items())}")
     aeron: Path | None = None if args.no_aeron else args.aeron_c
     why_not = ("left out (--no-aeron)" if args.no_aeron
