@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -88,12 +89,27 @@ class Curve:
 
 
 def first_port(pairs: int) -> int:
-    """The first of ``pairs`` consecutive UDP ports below the kernel's ephemeral range (where
-    no send socket's port lands), for the K endpoints of a UDP run."""
+    """The first of ``pairs`` consecutive UDP ports on 127.0.0.1, all free now, below the
+    kernel's ephemeral range (where no send socket's port lands), for the K endpoints of a
+    UDP run."""
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    if low - pairs - 100 < 1024:
-        raise RuntimeError(f"no room for {pairs} ports below the ephemeral range ({low}-)")
-    return low - pairs - 100
+    base = low - pairs - 100
+    while base >= 1024:
+        taken = next((port for port in range(base, base + pairs) if not _udp_port_free(port)),
+                     None)
+        if taken is None:
+            return base
+        base = taken - pairs - 1
+    raise RuntimeError(f"no {pairs} free consecutive UDP ports below {low}")
+
+
+def _udp_port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def cpu_ticks(pid: int) -> int:
@@ -144,6 +160,8 @@ def _publishing_client(directory: str, channels: list[str], conn) -> None:
             began = time.perf_counter_ns()
             publications.append(client.add_publication(channels[request], 1000 + request))
             conn.send(time.perf_counter_ns() - began)
+        if request == "close":  # the run failed before its offers
+            return
         _, deadline = request
         message = bytes(32)
         waiting = list(publications)
