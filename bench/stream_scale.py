@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench.ipc_throughput import driver_setting, machine, positive_int, scratch_directory
 
@@ -196,11 +197,28 @@ def run_slipstream(directory: Path, transport: str, pairs: int, idle_s: float,
                                     args=(str(driver_directory), channels, theirs))
         publisher.start()
         try:
-            return _measure(driver_directory, client, conn, pid, channels, idle_s,
-                            (rss_before, shm_before), transport)
+            return _measure(driver_directory, client, _Publisher(conn, publisher), pid,
+                            channels, idle_s, (rss_before, shm_before), transport)
         finally:
             conn.send("close")
             publisher.join(60)
+
+
+class _Publisher:
+    """The publishing client's end of the pipe: an answer, or the error that it died."""
+
+    def __init__(self, conn, process) -> None:
+        self._conn, self._process = conn, process
+
+    def send(self, request: object) -> None:
+        self._conn.send(request)
+
+    def recv(self) -> Any:
+        while not self._conn.poll(1.0):
+            if not self._process.is_alive():
+                raise RuntimeError(f"the publishing client ended (exit code "
+                                   f"{self._process.exitcode}): its error is above")
+        return self._conn.recv()
 
 
 def _measure(driver_directory: Path, client, conn, pid: int,
