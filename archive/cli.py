@@ -5,7 +5,8 @@
     slipstream-archive describe ID [...]       (list and describe: live positions too)
     slipstream-archive replay ID [--channel URI --stream N] [--from POS | --from-time ISO]
                        [--to POS] [--config FILE]   print a replay, or have it sent there
-                       [--archive HOST:PORT[/STREAM] ...]   its session from several archives
+                       [--key NAME]                 through the control endpoint of that key
+                       [--archive HOST:PORT[/STREAM][|key=NAME] ...]   from several archives
     slipstream-archive verify [ID] [...]       scan segments for torn or invalid frames
     slipstream-archive purge ID [...]          delete a recording (the service stopped)
 
@@ -91,10 +92,15 @@ def _parser() -> argparse.ArgumentParser:
                         "until it stops)")
     replay.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the "
                         "archive's answer")
-    replay.add_argument("--archive", action="append", default=[], metavar="HOST:PORT[/STREAM]",
+    replay.add_argument("--archive", action="append", default=[],
+                        metavar="HOST:PORT[/STREAM][|key=NAME]",
                         help="another archive recording the same stream (repeatable): the "
                         "recording's session is read from --from to --to (or as far as "
-                        "recorded) piece by piece from whichever holds it, this one first")
+                        "recorded) piece by piece from whichever holds it, this one first; "
+                        "|key=NAME: its control endpoint keyed NAME")
+    replay.add_argument("--key", help="call the archive's control endpoint of this key (its "
+                        "control_keys): needed for a recording of key=NAME, whose replay "
+                        "comes sealed under it")
     return parser
 
 
@@ -178,17 +184,16 @@ def _replay(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if (args.channel is None) != (args.stream is None):
         raise ArchiveSettingsError("--stream", "give --channel and --stream together")
-    if not settings.control_port:
-        raise ArchiveSettingsError("control_port", "0: the archive takes no calls")
+    port = _control_port(args, settings)
     from_time = None if args.from_time is None else _epoch_ms(args.from_time)
     if args.archive:
         if args.channel is not None or from_time is not None:
             raise ArchiveSettingsError("--archive", "reads here, by position: not with "
                                        "--channel or --from-time")
-        return _replay_session(args, settings)
+        return _replay_session(args, settings, port)
     with Client.connect(settings.driver_dir) as client, \
-            ArchiveClient(client, settings.control_address, settings.control_port,
-                          settings.control_stream_id, timeout_s=args.timeout) as archive:
+            ArchiveClient(client, settings.control_address, port, settings.control_stream_id,
+                          timeout_s=args.timeout, key=args.key) as archive:
         if args.channel is not None:
             started = archive.start_replay(args.id, args.channel, args.stream,
                                            start=args.start, end=args.to,
@@ -218,17 +223,33 @@ def _show(data: memoryview, header: object) -> None:
     print(f"{header.position:>14} {len(data):>8}  {head.hex()}")  # type: ignore[attr-defined]
 
 
-def _replay_session(args: argparse.Namespace, settings: ArchiveSettings) -> int:
-    """``replay ID --archive ...``: the session of recording ID read from this archive and
-    the others, failing over (:func:`~slipstream.archive.locate.read_session`)."""
+def _control_port(args: argparse.Namespace, settings: ArchiveSettings) -> int:
+    """The archive's control port a command calls: its plain one, or ``--key``'s."""
+    if args.key is not None:
+        port = settings.control_keys.get(args.key)
+        if port is None:
+            known = ", ".join(settings.control_keys) or "none"
+            raise ArchiveSettingsError("--key", f"{args.key!r} is not one of the archive's "
+                                       f"control_keys ({known})")
+        return port
+    if not settings.control_port:
+        raise ArchiveSettingsError("control_port", "0: the archive takes no plain calls "
+                                   "(--key NAME calls a keyed endpoint)")
+    return settings.control_port
+
+
+def _replay_session(args: argparse.Namespace, settings: ArchiveSettings, port: int) -> int:
+    """``replay ID --archive ...``: the session of recording ID read from this archive (at
+    its control ``port``) and the others, failing over
+    (:func:`~slipstream.archive.locate.read_session`)."""
     peers = [parse_peer(text, "--archive") for text in args.archive]
     with Client.connect(settings.driver_dir) as client, contextlib.ExitStack() as links:
         archives = [links.enter_context(ArchiveClient(
-            client, settings.control_address, settings.control_port,
-            settings.control_stream_id, timeout_s=args.timeout))]
+            client, settings.control_address, port, settings.control_stream_id,
+            timeout_s=args.timeout, key=args.key))]
         archives += [links.enter_context(ArchiveClient(
-            client, peer.address, peer.port, peer.control_stream_id, timeout_s=args.timeout))
-            for peer in peers]
+            client, peer.address, peer.port, peer.control_stream_id, timeout_s=args.timeout,
+            key=peer.key)) for peer in peers]
         d = archives[0].describe(args.id).descriptor
         start = d.start_position if args.start is None else args.start
         print(f"session {d.session_id} of recording {args.id}, from {start}, from "

@@ -20,6 +20,7 @@ from slipstream.archive.catalog import NULL_POSITION, EndReason, RecordingDescri
 from slipstream.archive.control import LIST_MAX, LOST
 from slipstream.archive.reading import RecordingLostError
 from slipstream.archive.settings import DEFAULT_CONTROL_PORT, DEFAULT_CONTROL_STREAM_ID
+from slipstream.client.channel import channel_with_key
 from slipstream.client.client import Client
 from slipstream.client.errors import SlipstreamError
 from slipstream.client.holding import CallError, HolderLink, reply_subscription_channel
@@ -87,23 +88,30 @@ class ArchiveClient:
     come back at ``reply_address`` (this host's address towards the archive when None), at
     the archive's port, or ``reply_port``.  ``address`` may be a host name (a headless
     Service's): the link follows it when the archive moves (:class:`HolderLink`).
-    Use from one thread.  Raises :class:`~slipstream.client.holding.CallError` for a call the
-    archive refuses or does not answer in ``timeout_s``, :class:`RecordingLostError` for a
-    range it does not hold."""
+    ``key``: the archive's control endpoint at ``port`` is keyed so (its ``control_keys``):
+    the calls, their answers and replays to this host's reply endpoint are sealed under it,
+    and the archive answers about its recordings of that key (docs/ARCHIVE.md, "Protected
+    calls").  Use from one thread.  Raises :class:`~slipstream.client.holding.CallError` for
+    a call the archive refuses or does not answer in ``timeout_s``,
+    :class:`RecordingLostError` for a range it does not hold."""
 
     def __init__(self, client: Client, address: str = "127.0.0.1",
                  port: int = DEFAULT_CONTROL_PORT,
                  control_stream_id: int = DEFAULT_CONTROL_STREAM_ID, *, timeout_s: float = 30.0,
-                 reply_address: str | None = None, reply_port: int | None = None) -> None:
+                 reply_address: str | None = None, reply_port: int | None = None,
+                 key: str | None = None) -> None:
         self.client = client
         #: Which archive this is: its control address, port and control stream id.
         self.archive: tuple[str, int, int] = (address, port, control_stream_id)
         #: Whether :attr:`is_connected` was ever seen true (a link that was connected and is
         #: not lost its archive; one never connected may be one just made).
         self.was_connected = False
+        #: The key the calls, their answers and replays to this host's reply endpoint are
+        #: sealed under (None: plain): the archive's control endpoint at ``port`` is of it.
+        self.key = key
         self._link = HolderLink(client, address, port, control_stream_id,
                                 timeout_s=timeout_s, reply_address=reply_address,
-                                reply_port=reply_port)
+                                reply_port=reply_port, key=key)
 
     @property
     def timeout_s(self) -> float:
@@ -266,7 +274,7 @@ class ArchiveClient:
             # The reply channel worked out again (the archive may have moved: this host's
             # address towards it may be another).
             self._link.wait_for_contact(time.monotonic() + self.timeout_s)
-            channel = self.reply_channel
+            channel = channel_with_key(self.reply_channel, self.key)
             subscription_channel = reply_subscription_channel(channel)
         else:
             subscription_channel = channel
@@ -369,6 +377,21 @@ class ArchiveReplay:
                     raise TimeoutError(f"the replay {self.replay_id} is at {self.position} "
                                        f"after {timeout_s:g} s")
                 self.wait(0.01)
+
+    async def read_all_async(self, handler: FragmentHandler, timeout_s: float = 60.0) -> None:
+        """:meth:`read_all` from a trio or asyncio task, without blocking the event loop: each
+        poll is a checkpoint and each wait parks in a worker thread
+        (:mod:`slipstream.client.aio`).  A cancellation ends it at once, taken
+        before a poll, never after one (:attr:`position` is what was handled)."""
+        from slipstream.client import aio
+
+        deadline = time.monotonic() + timeout_s
+        while not self.done:
+            if await aio.poll_async(lambda: self.poll(handler, 4096)) == 0:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the replay {self.replay_id} is at {self.position} "
+                                       f"after {timeout_s:g} s")
+                await aio.wait_for_data(self.subscription, 10_000_000)
 
     def close(self, *, stop_at_archive: bool = True) -> None:
         """Stop the replay at the archive if it is not done (unless not ``stop_at_archive``:

@@ -55,6 +55,21 @@ name it by ``channel``, ``stream_id`` and ``group``:
     when no message begins before ``end``.  A start the log no longer holds is refused
     ``lost`` with ``held``, from the first message it holds.
 
+**Protected calls.**  The control stream may have several endpoints: a plain one and one per
+key name (``key=NAME``, docs/PROTOCOL.md §7.8).  An endpoint keyed ``NAME`` opens only what a
+holder of ``NAME`` sealed, so a call that arrived there is a call from a holder of that key:
+its *caller key*.  Its answer goes back sealed under that key (the caller's ``reply_channel``
+gets ``key=NAME``; a plain call's answer is plain).  A recording is of the key its recorded
+channel names, a held stream of the key of its channel; a call that names one (every
+operation above: by ``recording_id``, a held stream's key, or a ``replay_id``) is answered
+only under that key, else refused with ``reason`` ``unauthorized``, counted by cause
+(:data:`REFUSAL_CAUSES`, each a :attr:`~slipstream.client.counters.CounterType.CALLS_REFUSED`
+counter) and named.  ``list`` and ``replays`` leave out what another key's is.  A replay of a
+keyed recording or held stream is published sealed under its key: the archive puts ``key=``
+on the caller's ``channel`` itself and refuses one naming another key, or ``aeron:ipc``.
+With subnets set, a call whose image's source address (its SETUP's), reply channel or
+replay channel is outside them is refused and counted; one from outside is not answered.
+
 An error answer has ``status`` ``error`` and a ``message``; a range the archive does not hold
 has ``reason`` ``lost`` and ``held``, ``[start, stop]`` (stop -1 while live: up to
 ``recorded_position``), with it.
@@ -62,9 +77,11 @@ has ``reason`` ``lost`` and ``held``, ``[start, stop]`` (stop -1 while live: up 
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, Protocol
 
@@ -84,6 +101,7 @@ from slipstream.archive.holding import (
 from slipstream.archive.reading import (
     RecordingLostError,
     Segments,
+    archive_identity,
     frame_at,
     position_at_time,
 )
@@ -96,11 +114,18 @@ from slipstream.archive.replayer import (
     SegmentSource,
 )
 from slipstream.archive.view import RecordingView
-from slipstream.client.channel import keys_given, parse_channel
+from slipstream.client.channel import (
+    SPY_PREFIX,
+    Subnet,
+    channel_with_key,
+    keys_given,
+    parse_channel,
+)
 from slipstream.client.client import Client
+from slipstream.client.counters import Counter, CountersFile, CounterType, fit_label
 from slipstream.client.errors import SlipstreamError
 from slipstream.client.holding import Answers, decode_call
-from slipstream.client.image import Image
+from slipstream.client.image import Image, await_frames
 from slipstream.client.layout import FRAME_ALIGNMENT, INT32_MAX
 from slipstream.client.logview import view_answer, view_args
 from slipstream.client.retention import message_start
@@ -114,6 +139,50 @@ LIST_COUNT: Final = 12
 #: The most a ``list`` call may ask for.
 LIST_MAX: Final = 64
 LOST: Final = "lost"
+#: The ``reason`` of an answer that refuses a call about another key's recording or stream.
+UNAUTHORIZED: Final = "unauthorized"
+#: Why a call is refused, each counted (:attr:`ArchiveControl.refused`, and a
+#: ``CALLS_REFUSED`` counter each): a plain call about a keyed recording or stream; a call
+#: under another key; a call from, or answered or replayed to, an address outside the
+#: control subnets; a keyed replay asked to a channel of another key (or to ``aeron:ipc``).
+REFUSAL_CAUSES: Final = ("call-without-key", "call-with-other-key", "call-outside-subnets",
+                         "replay-to-other-key")
+
+
+def channel_key(channel: str) -> str | None:
+    """The key a channel URI names (``key=``), None for a plain one (or one that does not
+    parse: no stream of it is sealed)."""
+    try:
+        return parse_channel(channel).key
+    except (SlipstreamError, ValueError):
+        return None
+
+
+def calls_refused_key(cause: str, identity: str) -> bytes:
+    """The key of a ``CALLS_REFUSED`` counter: the cause, then the server's
+    :func:`~slipstream.archive.reading.archive_identity` (of its directory, or of its control
+    address for a server of no recordings)."""
+    return cause.encode() + b"\0" + archive_identity(identity)
+
+
+def read_calls_refused(counters: CountersFile, identity: str) -> dict[str, int]:
+    """The calls the server of ``identity`` (its archive directory) refused, by cause, from
+    its ``CALLS_REFUSED`` counters in its driver's counters file (0 for a cause not found:
+    the server is not running)."""
+    out = {}
+    for cause in REFUSAL_CAUSES:
+        info = counters.find(CounterType.CALLS_REFUSED, calls_refused_key(cause, identity))
+        out[cause] = 0 if info is None else info.value
+    return out
+
+
+def _host_of(channel: str) -> str | None:
+    """The host of a UDP channel's ``endpoint=`` (None: no endpoint, or not UDP)."""
+    try:
+        endpoint = parse_channel(channel).endpoint
+    except (SlipstreamError, ValueError):
+        return None
+    return None if endpoint is None else endpoint.host
 
 
 class CallRefused(ValueError):
@@ -166,31 +235,93 @@ class ArchiveControl:
     process's own logs) and its replays, on the service's one thread."""
 
     def __init__(self, service: ControlHost, address: str, port: int,
-                 stream_id: int) -> None:
+                 stream_id: int, *, keys: Mapping[str, int] | None = None,
+                 subnets: tuple[Subnet, ...] = ()) -> None:
+        """Calls at ``address:port`` (plain; port 0: none) and at ``address:keys[NAME]``
+        sealed under each key ``NAME``, on ``stream_id``; answered only from ``subnets``
+        (none: any source)."""
         self._service = service
         self.directory = service.directory
-        self.channel = f"aeron:udp?endpoint={address}:{port}"
         self.stream_id = stream_id
-        self._subscription: Subscription = service.client.add_subscription(self.channel,
-                                                                            stream_id)
+        self.subnets = subnets
+        endpoints = ([(None, port)] if port else []) + sorted((keys or {}).items())
+        #: The control channels: the caller key of each (None: plain) and its subscription.
+        self.endpoints: list[tuple[str | None, Subscription]] = []
+        self._counters: dict[str, Counter] = {}
+        try:
+            for key, key_port in endpoints:
+                channel = channel_with_key(f"aeron:udp?endpoint={address}:{key_port}", key)
+                self.endpoints.append((key, service.client.add_subscription(channel,
+                                                                            stream_id)))
+                log.info("control stream %s stream %d", channel, stream_id)
+            identity = str(self.directory) if self.directory is not None else \
+                f"replays at {address}:{port}/{stream_id}"
+            for cause in REFUSAL_CAUSES:
+                self._counters[cause] = service.client.add_counter(
+                    CounterType.CALLS_REFUSED, fit_label(f"calls-refused: {cause} {identity}"),
+                    calls_refused_key(cause, identity))
+        except BaseException:
+            self._close_endpoints()
+            raise
+        #: The first control channel (the plain one when there is one).
+        self.channel = channel_with_key(f"aeron:udp?endpoint={address}:{endpoints[0][1]}",
+                                        endpoints[0][0]) if endpoints else ""
         self._answers = Answers(service.client)
         self.replays: dict[int, ReplaySession] = {}
+        self._replay_keys: dict[int, str | None] = {}
         self._next_replay_id = 1
-        self._calls: list[bytes] = []
+        self._calls: list[tuple[str | None, str, bytes]] = []
         self.malformed = 0  # calls dropped: not JSON, or not a call
         self.served = 0  # replays sent whole
-        log.info("control stream %s stream %d", self.channel, stream_id)
+        #: Calls refused, by cause (:data:`REFUSAL_CAUSES`).
+        self.refused: dict[str, int] = dict.fromkeys(REFUSAL_CAUSES, 0)
 
     def call_images(self) -> tuple[Image, ...]:
-        """The images the calls arrive on (the control subscription's): what an idle
+        """The images the calls arrive on (the control subscriptions'): what an idle
         service waits on beside its recordings."""
-        return self._subscription.images
+        return tuple(image for _, subscription in self.endpoints
+                     for image in subscription.images)
+
+    def _refuse(self, cause: str, message: str) -> CallRefused:
+        """Count a refusal of ``cause``; the error that answers it."""
+        self.refused[cause] += 1
+        counter = self._counters.get(cause)
+        if counter is not None:
+            counter.set(self.refused[cause])
+        log.warning("control: a call refused (%s): %s", cause, message)
+        return CallRefused(message, reason=UNAUTHORIZED, cause=cause)
+
+    def _within_subnets(self, host: str | None) -> bool:
+        if not self.subnets:
+            return True
+        try:
+            address = ipaddress.ip_address(host) if host is not None else None
+        except ValueError:
+            return False  # a name: what it resolves to is not the caller's to say
+        return address is not None and any(address in subnet for subnet in self.subnets)
+
+    def authorize(self, what: str, key: str | None, caller_key: str | None) -> None:
+        """Raise (counted) unless a call under ``caller_key`` may learn of ``what``, which
+        is of ``key`` (None: plain, anyone's)."""
+        if key is None or key == caller_key:
+            return
+        cause = "call-without-key" if caller_key is None else "call-with-other-key"
+        raise self._refuse(cause, f"{what} is of key={key}; call on a control channel keyed "
+                                  f"{key} (this call came "
+                                  f"{'plain' if caller_key is None else 'keyed ' + caller_key})")
 
     def do_work(self) -> int:
         """Answer the calls that came, move every replay on; returns the work done."""
-        work = self._subscription.poll(lambda data, _h: self._calls.append(bytes(data)), 16)
-        for data in self._calls:
-            self._call(data)
+        work = 0
+        for key, subscription in self.endpoints:
+            subscription.release_gone_images()
+            for image in subscription.images:
+                # Per image, so each call is known with its source (the image's SETUP's).
+                source = image.source_identity
+                work += image.poll(lambda data, _h, k=key, s=source:
+                                   self._calls.append((k, s, bytes(data))), 16)
+        for key, source, data in self._calls:
+            self._call(data, key, source)
         self._calls.clear()
         now = time.monotonic()
         for replay_id, session in list(self.replays.items()):
@@ -207,12 +338,20 @@ class ArchiveControl:
             if session.is_over:
                 self.served += session.state is ReplayState.DONE
                 del self.replays[replay_id]
+                self._replay_keys.pop(replay_id, None)
         work += self._answers.do_work()
         return work
 
     def wait_for_call(self, timeout_ns: int) -> None:
-        """Wait up to ``timeout_ns`` for a call (parked: a call wakes it at once)."""
-        self._subscription.wait_for_data(timeout_ns, 0)
+        """Wait up to ``timeout_ns`` for a call (parked: a call wakes it at once; a caller's
+        first call, whose image is new, within the park)."""
+        images = [image for image in self.call_images() if not image.is_closed]
+        if images:
+            await_frames(images, timeout_ns, 0)
+        elif self.endpoints:
+            self.endpoints[0][1].wait_for_data(timeout_ns, 0)
+        else:
+            time.sleep(timeout_ns / 1e9)
 
     @property
     def logs_in_use(self) -> set[str]:
@@ -231,7 +370,7 @@ class ArchiveControl:
             return descriptor.start_position, True
         return descriptor.stop_position, True
 
-    def _call(self, data: bytes) -> None:
+    def _call(self, data: bytes, caller_key: str | None, source: str) -> None:
         try:
             fields = json.loads(data)
             if not isinstance(fields, dict):
@@ -241,8 +380,17 @@ class ArchiveControl:
             self.malformed += 1
             log.warning("control: a malformed call dropped (%s)", e)
             return
+        source_host = source.rpartition(":")[0].strip("[]")
+        if not self._within_subnets(source_host) or not self._within_subnets(_host_of(reply)):
+            # Not answered: the answer would go where a host outside the subnets said.
+            self._refuse("call-outside-subnets", f"the call {op!r} from {source} (answers to "
+                                                 f"{reply}) is outside the control subnets")
+            return
+        # Answers go back sealed under the key the call came with, whatever it named.
+        reply = channel_with_key(reply, caller_key)
         try:
-            answer = {"id": call_id, "status": "ok", "result": self._answer(op, args)}
+            answer = {"id": call_id, "status": "ok",
+                      "result": self._answer(op, args, caller_key)}
         except CallRefused as e:
             answer = {"id": call_id, "status": "error", "message": str(e), **e.fields}
         except (ValueError, SlipstreamError) as e:
@@ -257,40 +405,58 @@ class ArchiveControl:
         except SlipstreamError as e:
             log.warning("control: cannot answer %s: %s", reply, e)
 
-    def _answer(self, op: str, args: dict[str, Any]) -> Any:
+    def _held_key(self, args: dict[str, Any], caller_key: str | None
+                  ) -> tuple[str, int, str]:
+        """The held stream a call names (``args`` themselves, or ``held`` of a replay),
+        authorized for ``caller_key``."""
+        key = held_key(args)
+        if key[0].startswith(SPY_PREFIX):
+            # A spy takes no key= and reads its publication's log in plain text, keyed or
+            # not, and which it is the spy's URI does not say.
+            raise CallRefused(f"channel {key[0]!r}: a spy is not held for callers (it would "
+                              f"read a keyed publication in plain text): name the stream's "
+                              f"own channel")
+        self.authorize(f"stream {key[1]} on {key[0]}", channel_key(key[0]), caller_key)
+        return key
+
+    def _answer(self, op: str, args: dict[str, Any], caller_key: str | None = None) -> Any:
         if op in HELD_OPERATIONS and "recording_id" not in args:  # a held stream's call
+            self._held_key(args, caller_key)
             return self._service.holds.call(op, args)
         if op == "list":
-            return self._list(args)
+            return self._list(args, caller_key)
         if op == "describe":
-            return self._listed(self._descriptor(args))
+            return self._listed(self._descriptor(args, caller_key))
         if op == "recording_position":
-            descriptor = self._descriptor(args)
+            descriptor = self._descriptor(args, caller_key)
             position, stopped = self._recorded(descriptor.recording_id)
             return {"position": position, "active": not stopped}
         if op == "replay":
-            return self._replay(args)
+            return self._replay(args, caller_key)
         if op == "stop_replay":
             replay_id = _int_arg(args, "replay_id", 0, 2**63 - 1)
             session = self.replays.get(replay_id)  # type: ignore[arg-type]
             if session is None:
                 return {"stopped": False}
+            self.authorize(f"replay {replay_id}", self._replay_keys.get(session.replay_id),
+                           caller_key)
             session.stop("stop_replay")
             return {"stopped": True}
         if op == "view" and "recording_id" in args:
-            return self._view(args)
+            return self._view(args, caller_key)
         if op == "replays":
             return [{"replay_id": s.replay_id, "recording_id": s.recording_id,
                      "source": s.source.name, "position": s.position,
                      "state": s.state.value, "channel": s.channel,
-                     "stream_id": s.stream_id} for s in self.replays.values()]
+                     "stream_id": s.stream_id} for s in self.replays.values()
+                    if self._replay_keys.get(s.replay_id) in (None, caller_key)]
         raise CallRefused(f"no operation {op!r} (the archive's: list, describe, "
                           f"recording_position, replay, stop_replay, replays, view, "
                           f"{', '.join(op for op in HELD_OPERATIONS if op != 'view')})")
 
-    def _view(self, args: dict[str, Any]) -> Any:
+    def _view(self, args: dict[str, Any], caller_key: str | None) -> Any:
         """A ``view`` question about a recording: its answer (JSON values)."""
-        descriptor = self._descriptor(args)
+        descriptor = self._descriptor(args, caller_key)
         recorded, _ = self._recorded(descriptor.recording_id)
         method = args.get("method")
         checked = view_args(method if isinstance(method, str) else repr(method),
@@ -313,15 +479,19 @@ class ArchiveControl:
         assert self.directory is not None
         return self.directory
 
-    def _descriptor(self, args: dict[str, Any]) -> RecordingDescriptor:
+    def _descriptor(self, args: dict[str, Any], caller_key: str | None
+                    ) -> RecordingDescriptor:
+        """The recording a call names, authorized for ``caller_key``."""
         recording_id = _int_arg(args, "recording_id", 0, 2**63 - 1)
         descriptor = self._catalog().get(recording_id)  # type: ignore[arg-type]
         if descriptor is None or descriptor.state != RecordingState.VALID:
             raise CallRefused(f"no recording {recording_id} in the archive at "
                               f"{self.directory}")
+        self.authorize(f"recording {recording_id}", channel_key(descriptor.channel),
+                       caller_key)
         return descriptor
 
-    def _list(self, args: dict[str, Any]) -> list[dict[str, Any]]:
+    def _list(self, args: dict[str, Any], caller_key: str | None) -> list[dict[str, Any]]:
         channel = args.get("channel")
         if channel is not None and not isinstance(channel, str):
             raise CallRefused(f"channel {channel!r} is not a string")
@@ -335,22 +505,34 @@ class ArchiveControl:
                 continue
             if (channel is not None and channel not in descriptor.channel) or \
                     (stream_id is not None and descriptor.stream_id != stream_id) or \
-                    (session_id is not None and descriptor.session_id != session_id):
-                continue
+                    (session_id is not None and descriptor.session_id != session_id) or \
+                    channel_key(descriptor.channel) not in (None, caller_key):
+                continue  # another key's recording is not listed: not even that it exists
             out.append(self._listed(descriptor))
             if len(out) >= count:  # type: ignore[operator]
                 break
         return out
 
-    def _replay_destination(self, args: dict[str, Any]) -> tuple[str, int]:
-        """The ``channel`` and ``stream_id`` a replay goes to, checked."""
+    def _replay_destination(self, args: dict[str, Any], key: str | None) -> tuple[str, int]:
+        """The ``channel`` and ``stream_id`` a replay of a source of ``key`` goes to,
+        checked: sealed under ``key`` (added here), within the subnets."""
         channel = args.get("channel")
         if not isinstance(channel, str) or not channel.startswith(("aeron:udp", "aeron:ipc")):
             raise CallRefused(f"channel {channel!r} is not an aeron:udp or aeron:ipc URI")
         try:
-            given = keys_given(parse_channel(channel))
+            parsed = parse_channel(channel)
+            given = keys_given(parsed)
         except (SlipstreamError, ValueError) as e:
             raise CallRefused(f"channel {channel!r}: {e}") from None
+        if key is not None:
+            if parsed.media != "udp" or parsed.key not in (None, key):
+                raise self._refuse("replay-to-other-key", f"channel {channel!r}: a replay of "
+                                   f"key={key} leaves sealed under key={key}, on aeron:udp "
+                                   f"only (name key={key} or no key)")
+            channel = channel_with_key(channel, key)
+        if parsed.media == "udp" and not self._within_subnets(_host_of(channel)):
+            raise self._refuse("call-outside-subnets", f"channel {channel!r}: a replay to "
+                                                       f"outside the control subnets")
         set_here = sorted(given & set(POSITIONING_KEYS))
         if set_here:
             raise CallRefused(f"channel {channel!r} sets {', '.join(set_here)}: a replay's "
@@ -360,8 +542,8 @@ class ArchiveControl:
         return channel, stream_id
 
     def _start_replay(self, source: SegmentSource | LogSource, start: int, end: int | None,
-                      channel: str, stream_id: int, recording_id: int | None
-                      ) -> dict[str, Any]:
+                      channel: str, stream_id: int, recording_id: int | None,
+                      key: str | None) -> dict[str, Any]:
         replay_id = self._next_replay_id
         self._next_replay_id += 1
         try:
@@ -372,25 +554,27 @@ class ArchiveControl:
             source.close()
             raise
         self.replays[replay_id] = session
+        self._replay_keys[replay_id] = key
         log.info("replay %d of %s [%d, %s) to %s stream %s, session %d", replay_id,
                  source.name, start, "-" if end is None else end, channel, stream_id,
                  session.session_id)
         return {"replay_id": replay_id, "session_id": session.session_id, "start": start,
                 "end": end, "recording_id": recording_id}
 
-    def _replay_held(self, args: dict[str, Any]) -> dict[str, Any]:
+    def _replay_held(self, args: dict[str, Any], caller_key: str | None) -> dict[str, Any]:
         """A replay of ``[start, end)`` of a held stream's session's live log."""
         held = args.get("held")
         if not isinstance(held, dict):
             raise CallRefused(f"held {held!r} is not a held stream's key (channel, stream_id, "
                               f"group)")
-        key = held_key(held)
+        key = self._held_key(held, caller_key)
+        stream_key = channel_key(key[0])
         session_id = _int_arg(args, "session_id", -INT32_MAX - 1, INT32_MAX)
         framing = args.get("log")
         if not isinstance(framing, list) or len(framing) != 2 or not all(
                 isinstance(v, int) and not isinstance(v, bool) for v in framing):
             raise CallRefused(f"log {framing!r} is not [initial term id, term length]")
-        channel, stream_id = self._replay_destination(args)
+        channel, stream_id = self._replay_destination(args, stream_key)
         start = _int_arg(args, "start", 0, 2**62)
         end = _int_arg(args, "end", 0, 2**62)
         assert start is not None and end is not None and session_id is not None
@@ -421,13 +605,15 @@ class ArchiveControl:
         if begin >= end:
             return {"replay_id": 0, "session_id": 0, "start": end, "end": end,
                     "recording_id": None}
-        return self._start_replay(source, begin, end, channel, stream_id, None)
+        return self._start_replay(source, begin, end, channel, stream_id, None, stream_key)
 
-    def _replay(self, args: dict[str, Any]) -> dict[str, Any]:
+    def _replay(self, args: dict[str, Any], caller_key: str | None) -> dict[str, Any]:
         if "held" in args:
-            return self._replay_held(args)
-        channel, stream_id = self._replay_destination(args)
-        descriptor = self._descriptor(args)
+            return self._replay_held(args, caller_key)
+        self._replay_destination(args, None)  # a channel no replay can take: told first
+        descriptor = self._descriptor(args, caller_key)
+        recording_key = channel_key(descriptor.channel)
+        channel, stream_id = self._replay_destination(args, recording_key)
         recorded, stopped = self._recorded(descriptor.recording_id)
         held = [descriptor.start_position, descriptor.stop_position]
         from_time = _int_arg(args, "from_time_ms", 0, 2**62, optional=True)
@@ -460,14 +646,22 @@ class ArchiveControl:
                                   **({"reason": LOST, "held": held} if segments_check.lost
                                      else {}))
         return self._start_replay(SegmentSource(self._catalog_directory(), descriptor), start, end,
-                                  channel, stream_id, descriptor.recording_id)
+                                  channel, stream_id, descriptor.recording_id, recording_key)
 
     def close(self) -> None:
         for session in self.replays.values():
             session.stop("the archive stopped")
         self.replays.clear()
         self._answers.close()
-        self._subscription.close()
+        self._close_endpoints()
+
+    def _close_endpoints(self) -> None:
+        for _, subscription in self.endpoints:
+            subscription.close()
+        self.endpoints.clear()
+        for counter in self._counters.values():
+            counter.close()
+        self._counters.clear()
 
 
 class _FrameCheck:

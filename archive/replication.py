@@ -55,9 +55,10 @@ from typing import TYPE_CHECKING, Any, Final
 
 from slipstream.archive.catalog import NULL_POSITION, EndReason, RecordingDescriptor
 from slipstream.archive.client import ArchiveClient, ArchiveReplay, ListedRecording
+from slipstream.archive.control import channel_key
 from slipstream.archive.reading import first_message_start, stop_message_start
 from slipstream.archive.recorder import Recording
-from slipstream.archive.settings import Peer, RecordSpec, spec_of
+from slipstream.archive.settings import Peer, RecordSpec, replication_reply_ports, spec_of
 from slipstream.client.errors import SlipstreamError
 from slipstream.client.image import Image
 
@@ -185,9 +186,11 @@ class Replicator:
         self._timeout_s = settings.replication_timeout_ns / 1e9
         self._reply_address = settings.replication_address
         # Not the peer's port, as a caller elsewhere would: that is this archive's own
-        # control port too when both use the same (the usual case).
-        self._reply_port = settings.replication_port or \
-            (settings.control_port + 1 if settings.control_port else None)
+        # control port too when both use the same (the usual case).  A keyed peer's answers
+        # come sealed, to an endpoint of that key: a port of its own.
+        self._reply_ports = replication_reply_ports(settings.replication_port,
+                                                    settings.control_port, settings.peers)
+        self._key_mismatches: set[tuple[int, str]] = set()  # peers' recordings not taken
         self._next_look_ns = time.monotonic_ns() + self._interval_ns
         self._looking = 0  # peers asked for their recordings, answers not yet in
         self._fetch: _Fetch | None = None
@@ -273,7 +276,8 @@ class Replicator:
                                           peer.peer.port, peer.peer.control_stream_id,
                                           timeout_s=self._timeout_s,
                                           reply_address=self._reply_address,
-                                          reply_port=self._reply_port)
+                                          reply_port=self._reply_ports[peer.peer.key],
+                                          key=peer.peer.key)
             except (SlipstreamError, OSError) as e:
                 log.warning("replication: no link to the peer %s: %s", peer.peer, e)
                 return None
@@ -327,8 +331,21 @@ class Replicator:
         """The ``[[record]]`` a peer's recording is one of this archive's streams by: the
         same stream id (the channels may differ: with MDC or multicast each host subscribes
         at its own endpoint), the same channel where several tables share the stream id."""
-        return spec_of(self._service.settings.records, descriptor.stream_id,
+        spec = spec_of(self._service.settings.records, descriptor.stream_id,
                        descriptor.channel)
+        if spec is not None and channel_key(spec.channel) != channel_key(descriptor.channel):
+            # A replica is answered as its [[record]]'s channel says: a keyed recording
+            # under a plain (or another key's) table would be served to callers without
+            # its key.
+            if (descriptor.recording_id, descriptor.channel) in self._key_mismatches:
+                return None
+            self._key_mismatches.add((descriptor.recording_id, descriptor.channel))
+            log.warning("replication: recording %d at a peer is of key=%s, this archive's "
+                        "[[record]] of stream %d of key=%s: not replicated",
+                        descriptor.recording_id, channel_key(descriptor.channel),
+                        descriptor.stream_id, channel_key(spec.channel))
+            return None
+        return spec
 
     def _held_here(self, key: SessionKey) -> list[tuple[int, int | None]]:
         held: list[tuple[int, int | None]] = []

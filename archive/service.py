@@ -121,9 +121,11 @@ class ArchiveService:
         self._next_retention_ns = 0
         self._closed = False
         try:
-            if settings.control_port:
+            if settings.control_port or settings.control_keys:
                 self.control = ArchiveControl(self, settings.control_address,
-                                              settings.control_port, settings.control_stream_id)
+                                              settings.control_port, settings.control_stream_id,
+                                              keys=settings.control_keys,
+                                              subnets=settings.control_subnets)
             if settings.peers:
                 self.replicator = Replicator(self)
             for spec in settings.records:

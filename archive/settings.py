@@ -17,7 +17,15 @@ from slipstream.archive.segments import (
     MAX_SEGMENT_LENGTH,
     MIN_SEGMENT_LENGTH,
 )
-from slipstream.client.channel import SPY_PREFIX, parse_address, parse_channel
+from slipstream.client.channel import (
+    KEY_NAME,
+    SPY_PREFIX,
+    Subnet,
+    channel_with_key,
+    parse_address,
+    parse_channel,
+    parse_join,
+)
 from slipstream.client.errors import ChannelError, SlipstreamError
 from slipstream.client.holder import DEFAULT_GROUP
 from slipstream.client.layout import INT32_MAX, INT32_MIN
@@ -70,9 +78,7 @@ class RecordSpec:
         plain subscription.  An encrypted channel's spy names no key (``key=``): the log it
         reads holds the stream in plain text (docs/PROTOCOL.md §7.8)."""
         if self.source is Source.LOCAL and self.channel.startswith("aeron:udp"):
-            media, _, query = self.channel.partition("?")
-            kept = [item for item in query.split("|") if not item.startswith("key=")]
-            return SPY_PREFIX + media + "?" + "|".join(kept)
+            return SPY_PREFIX + channel_with_key(self.channel, None)
         return self.channel
 
 
@@ -163,6 +169,37 @@ def _port(value: Any) -> int:
     return value
 
 
+def _control_keys(value: Any) -> dict[str, int]:
+    """``{NAME = port, ...}``: a control endpoint keyed ``key=NAME`` on each port."""
+    if not isinstance(value, dict):
+        raise ArchiveSettingsError("control_keys", f"{value!r} is not a table of key names to "
+                                   f"UDP ports ({{ k1 = 8012 }})")
+    for name, port in value.items():
+        if not KEY_NAME.fullmatch(name):
+            raise ArchiveSettingsError("control_keys", f"{name!r} is not a key name (letters, "
+                                       f"digits, '.', '_', '-'; at most 64)")
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port <= 65535:
+            raise ArchiveSettingsError("control_keys", f"{name} = {port!r} is not a UDP port "
+                                       f"(1..65535)")
+    ports = list(value.values())
+    if len(set(ports)) != len(ports):
+        raise ArchiveSettingsError("control_keys", "two keys on one port: an endpoint has "
+                                   "one key (docs/PROTOCOL.md §7.8)")
+    return dict(value)
+
+
+def _control_subnets(value: Any) -> tuple[Subnet, ...]:
+    """``"10.1.0.0/16,fd00::/8"`` (as ``join=``), or "" for any source."""
+    if value == "":
+        return ()
+    if not isinstance(value, str):
+        raise ArchiveSettingsError("control_subnets", f"{value!r} is not a string of subnets")
+    try:
+        return parse_join(value)
+    except ValueError as e:
+        raise ArchiveSettingsError("control_subnets", str(e)) from None
+
+
 def _stream_id(name: str) -> Callable[[Any], int]:
     def parse(value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or \
@@ -174,29 +211,40 @@ def _stream_id(name: str) -> Callable[[Any], int]:
 
 @dataclass(frozen=True)
 class Peer:
-    """Another archive's control stream (a ``peers`` entry): its address, port and stream."""
+    """Another archive's control stream (a ``peers`` entry): its address, port and stream,
+    and the key its endpoint there is of (None: plain)."""
 
     address: str
     port: int
     control_stream_id: int
+    key: str | None = None
 
     def __str__(self) -> str:
-        return f"{self.address}:{self.port}/{self.control_stream_id}"
+        keyed = f"|key={self.key}" if self.key is not None else ""
+        return f"{self.address}:{self.port}/{self.control_stream_id}{keyed}"
 
 
 def parse_peer(entry: Any, key: str = "peers") -> Peer:
     """``"host:port"`` or ``"host:port/stream_id"`` (the stream id defaults to Aeron
-    Archive's control stream, :data:`DEFAULT_CONTROL_STREAM_ID`); the host an IPv4 address or
-    a host name, which is kept as a name: the link to the peer follows it when the peer moves
-    (docs/PROTOCOL.md §7.2, "Names that follow their peer").  Raises
+    Archive's control stream, :data:`DEFAULT_CONTROL_STREAM_ID`), either followed by
+    ``|key=NAME`` for a control endpoint keyed NAME (the peer's ``control_keys``); the host
+    an IPv4 address or a host name, which is kept as a name: the link to the peer follows it
+    when the peer moves (docs/PROTOCOL.md §7.2, "Names that follow their peer").  Raises
     :class:`ArchiveSettingsError` naming ``key``."""
+    peer_key = None
+    if isinstance(entry, str) and "|" in entry:
+        entry, _, keyed = entry.partition("|")
+        peer_key = keyed.removeprefix("key=")
+        if not keyed.startswith("key=") or not KEY_NAME.fullmatch(peer_key):
+            raise ArchiveSettingsError(key, f"{entry}|{keyed!r}: after '|' only key=NAME (a "
+                                       f"key name) is accepted")
     endpoint, _, stream = entry.partition("/") if isinstance(entry, str) else ("", "", "")
     try:
         where = parse_address(endpoint, key)
         if where.port is None or ":" in where.host:
             raise ValueError(endpoint)
         peer = Peer(where.host, where.port,
-                    int(stream) if stream else DEFAULT_CONTROL_STREAM_ID)
+                    int(stream) if stream else DEFAULT_CONTROL_STREAM_ID, peer_key)
     except (ValueError, ChannelError):
         raise ArchiveSettingsError(key, f"{entry!r} is not \"host:port\" or "
                                    f"\"host:port/stream_id\" (an IPv4 address or a host "
@@ -253,6 +301,8 @@ SETTINGS: Final[dict[str, tuple[Callable[[Any], Any], Any]]] = {
     "control_address": (_address, "127.0.0.1"),
     "control_port": (_port, DEFAULT_CONTROL_PORT),
     "control_stream_id": (_stream_id("control_stream_id"), DEFAULT_CONTROL_STREAM_ID),
+    "control_keys": (_control_keys, {}),
+    "control_subnets": (_control_subnets, ""),
     "peers": (_peers, []),
     "replication_interval": (_duration("replication_interval"), "5s"),
     "replication_timeout": (_duration("replication_timeout"), "2s"),
@@ -264,6 +314,20 @@ _RECORD_KEYS: Final = ("channel", "stream_id", "source", "retention_max_bytes",
                        "retention_max_age")
 _HOLD_KEYS: Final = ("channel", "stream_id", "group")
 _TABLES: Final = ("record", "hold")
+
+
+def replication_reply_ports(replication_port: int, control_port: int,
+                            peers: Sequence[Peer]) -> dict[str | None, int | None]:
+    """Where the peers' answers and replays come, by the peers' key (None: plain peers):
+    ``replication_port`` (0: ``control_port + 1``; None when both are 0: the port towards
+    each peer), and for each key a port of its own after it, in the keys' name order (an
+    endpoint has one key)."""
+    base = replication_port or (control_port + 1 if control_port else None)
+    keys = sorted({peer.key for peer in peers if peer.key is not None})
+    ports: dict[str | None, int | None] = {
+        key: None if base is None else base + 1 + n for n, key in enumerate(keys)}
+    ports[None] = base
+    return ports
 
 
 def spec_of(specs: Sequence[RecordSpec], stream_id: int, channel: str) -> RecordSpec | None:
@@ -295,6 +359,11 @@ class ArchiveSettings:
     control_address: str = "127.0.0.1"
     control_port: int = DEFAULT_CONTROL_PORT
     control_stream_id: int = DEFAULT_CONTROL_STREAM_ID
+    #: The keyed control endpoints: a key name's port on ``control_address``; a call that
+    #: arrives there comes from a holder of that key (docs/ARCHIVE.md, "Protected calls").
+    control_keys: Mapping[str, int] = field(default_factory=dict)
+    #: The subnets whose calls are answered (none: any source).
+    control_subnets: tuple[Subnet, ...] = ()
     peers: tuple[Peer, ...] = ()
     replication_interval_ns: int = 5_000_000_000
     replication_timeout_ns: int = 2_000_000_000
@@ -331,11 +400,24 @@ class ArchiveSettings:
         if parsed["release_after"] < 0:
             raise ArchiveSettingsError("release_after", "must be >= 0 (0: never)")
         holds = _holds(values.get("hold", []))
-        if holds and parsed["control_port"] == 0:
+        if parsed["control_port"] in parsed["control_keys"].values():
+            raise ArchiveSettingsError("control_keys", f"port {parsed['control_port']} is "
+                                       f"control_port's (the plain endpoint's)")
+        control_ports = {parsed["control_port"], *parsed["control_keys"].values()}
+        for name, port in replication_reply_ports(parsed["replication_port"],
+                                                  parsed["control_port"],
+                                                  parsed["peers"]).items():
+            if name is not None and port in control_ports:
+                raise ArchiveSettingsError(
+                    "replication_port", f"the answers of the peers keyed {name} would come at "
+                    f"port {port}, one of this archive's control ports: set replication_port "
+                    f"so that the ports after it, one per peers' key, are free")
+        if holds and parsed["control_port"] == 0 and not parsed["control_keys"]:
             # Only a group's commit (the view call's advance_to) moves a held position: with
             # no control stream nothing would, and the publishers would be held for good.
-            raise ArchiveSettingsError("hold", "needs the control stream (control_port is 0): "
-                                               "a held stream moves only by its readers' calls")
+            raise ArchiveSettingsError("hold", "needs the control stream (control_port is 0, "
+                                               "no control_keys): a held stream moves only "
+                                               "by its readers' calls")
         return cls(dir=parsed["dir"], driver_dir=parsed["driver_dir"],
                    segment_length=parsed["segment_length"], sync=parsed["sync"],
                    sync_interval_ns=parsed["sync_interval"],
@@ -347,6 +429,8 @@ class ArchiveSettings:
                    control_address=parsed["control_address"],
                    control_port=parsed["control_port"],
                    control_stream_id=parsed["control_stream_id"],
+                   control_keys=parsed["control_keys"],
+                   control_subnets=parsed["control_subnets"],
                    peers=parsed["peers"],
                    replication_interval_ns=parsed["replication_interval"],
                    replication_timeout_ns=parsed["replication_timeout"],

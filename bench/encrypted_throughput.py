@@ -12,6 +12,12 @@ Then the round trip: bench/udp_latency.py's paced ping-pong (32-byte messages, p
 driver, ponger on the other) encrypted and plain, R runs each in turns, their medians
 compared (the target: p99 encrypted <= 1.1x plain); --latency-seconds 0 leaves it out.
 
+Then the time to a first message: from a new publication on one driver (its subscription
+waiting on the other) to the subscriber's first message, encrypted (its handshake included:
+one round trip, then the next SETUP) and plain, unicast, multicast and dynamic
+multi-destination-cast, N times each in turns (--first-messages N), their medians; 0 leaves
+it out.
+
 Each figure is the best of R runs (their medians follow), and a slipstream run counts only
 if the stream arrived whole.  Where the time goes: the CPU each driver's network thread
 (``ss-network``: the sender's seals, the receiver's opens) spent per message, plain and
@@ -81,6 +87,9 @@ def main() -> int:
                         help="round trips per second of the ping-pong")
     parser.add_argument("--latency-seconds", type=float, default=5.0,
                         help="measured seconds of each ping-pong (0: none)")
+    parser.add_argument("--first-messages", type=int, default=5,
+                        help="new streams timed to their first message, plain and encrypted "
+                             "each (0: none)")
     parser.add_argument("--set", dest="settings", action="append", default=[],
                         type=driver_setting, metavar="KEY=VALUE",
                         help="a slipstream driver setting (repeatable)")
@@ -143,6 +152,8 @@ def main() -> int:
                              f"encrypted / plain {middle['encrypted'] / middle['plain']:.2f}x")
             lines.append("    " + network_line(network, crypto))
             print("\n".join(lines), flush=True)
+        if args.first_messages > 0:
+            first_messages(a.directory, b.directory, args.first_messages)
         if args.latency_seconds > 0:
             round_trips(a.directory, b.directory, args)
     scratch.cleanup()
@@ -162,6 +173,50 @@ def network_line(network: dict[str, list[tuple[float, float]]], crypto: float | 
             f"{receiver['plain']:,.0f} plain, {receiver['encrypted']:,.0f} encrypted "
             f"(+{receiver['encrypted'] - receiver['plain']:,.0f})"
             + (f"; the C loop {1e9 / crypto:,.0f} ns a seal" if crypto else ""))
+
+
+def first_messages(publisher_directory: Path, subscriber_directory: Path, runs: int) -> None:
+    """Seconds from add_publication to the first message read, plain and encrypted in turns,
+    unicast, multicast (loopback) and dynamic multi-destination-cast: the subscription waits
+    first, the publisher offers until a message goes."""
+    import random
+    import time
+
+    from slipstream.client import Client
+
+    def channels(key: str) -> dict[str, tuple[str, str]]:
+        """(publication, subscription) URIs of each kind."""
+        unicast = f"aeron:udp?endpoint=127.0.0.1:{free_port()}{key}"
+        group = (f"aeron:udp?endpoint=224.0.1.{random.randrange(1, 250, 2)}:{free_port()}"
+                 f"|interface=127.0.0.1{key}")
+        control = f"127.0.0.1:{free_port()}"
+        return {"unicast": (unicast, unicast), "multicast": (group, group),
+                "dynamic mdc": (f"aeron:udp?control={control}|control-mode=dynamic{key}",
+                                f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+                                f"|control={control}{key}")}
+
+    seconds: dict[tuple[str, str], list[float]] = {}
+    with Client.connect(publisher_directory) as a, Client.connect(subscriber_directory) as b:
+        stream_id = 3000
+        for _ in range(runs):
+            for name, key in (("plain", ""), ("encrypted", "|key=bench")):
+                for kind, (publish, subscribe) in channels(key).items():
+                    stream_id += 1
+                    subscription = b.add_subscription(subscribe, stream_id)
+                    got: list[bytes] = []
+                    take = got.append
+                    start = time.monotonic()
+                    publication = a.add_publication(publish, stream_id)
+                    while not got and time.monotonic() < start + 10:
+                        publication.offer(b"first")
+                        subscription.poll(lambda data, header, take=take: take(bytes(data)), 1)
+                    if got:
+                        seconds.setdefault((kind, name), []).append(time.monotonic() - start)
+                    publication.close()
+                    subscription.close()
+    print(f"time to a first message, new stream (medians of {runs}): " + "; ".join(
+        f"{kind} {name} {statistics.median(s) * 1e3:.1f} ms"
+        for (kind, name), s in sorted(seconds.items())), flush=True)
 
 
 def round_trips(ping_directory: Path, pong_directory: Path, args: argparse.Namespace) -> None:

@@ -2,7 +2,7 @@
 the same range, in the same run.
 
     .venv/bin/python -m bench.spark_replay [--messages N] [--size B] [--runs R] [--pin] [--cpu]
-        [--archive]
+        [--archive] [--gap S] [--set KEY=VALUE ...]
 
 Two drivers on this machine stand for two hosts: the holder's (an IPC log of N messages of B
 bytes, held by a subscription that never reads, and the query's replay server, the archive's
@@ -25,13 +25,20 @@ stream's two logs; the second, the one timed, starts when the reader has read th
 finds them all resident.  A replay carries the same messages through the same two drivers
 with the same window, plus its set-up and two new logs: the stream is the reference it is
 measured against (its publisher offers from Python, where a replay's holder copies blocks:
-a reference, not a proof of a bound).
+a reference, not a proof of a bound).  The drivers make a replay's logs in the files of
+earlier replays' logs they released (``log_reuse_bytes``) once no process maps those: the
+clients keep a closed stream's mapping for 3 s (their resource linger), so back to back
+replays get new files; ``--gap S`` pauses S seconds before each replay (4 lets every replay
+after the first two find its logs kept), and ``--set KEY=VALUE`` sets both drivers'
+settings (``--set log_reuse_bytes=0``: new files always).  The command prints how many logs
+each driver made from released ones.
 
 ``--pin`` gives each "host" a CPU of its own: the holder's process and driver on CPU 1, this
 process (the reader) and the executor's driver on CPU 0 (every thread, as ``taskset`` would).
 Without it the scheduler places them on the machine's cores as it likes.  ``--cpu`` prints
 where a replayed read's CPU goes: per thread of the four processes (the median of the runs, ms
-of CPU from ``/proc/<pid>/task/<tid>/schedstat``, and its page faults).
+of CPU from ``/proc/<pid>/task/<tid>/schedstat``, and its page faults), and the warm stream's
+timed pass's beside it.
 
 ``--archive`` adds the archive's replay of the same range: a ``slipstream-archive`` process
 beside the holder's driver (control endpoint at 127.0.0.1) records the holder's IPC stream
@@ -62,11 +69,13 @@ import time
 import uuid
 from array import array
 from collections import defaultdict
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from bench.archive_record import _recordings
-from bench.ipc_throughput import BATCH, machine
+from bench.ipc_throughput import BATCH, driver_setting, machine
 from bench.spark_archive_read import archive_process
 from bench.udp_throughput import free_port
 from slipstream.archive.client import ArchiveClient
@@ -80,7 +89,7 @@ from slipstream.client import (
     Publication,
     Subscription,
 )
-from slipstream.client.counters import CountersFile
+from slipstream.client.counters import CountersFile, SystemCounter, read_system_counters
 from slipstream.client.holding import REPLY_WINDOW, reply_subscription_channel
 from slipstream.client.layout import FRAME_ALIGNMENT, HEADER_LENGTH, align
 from slipstream.daemon.config import DriverSettings
@@ -185,14 +194,20 @@ def publish_passes(publication: Publication, messages: int, size: int, passes: i
             raise SystemExit(f"the warm stream's publication refused a batch ({done})")
 
 
-def read_warm_stream(connection: Any, subscription: Subscription, messages: int) -> float:
+def _sample_into(samples: list[Any], pids: dict[str, int]) -> None:
+    samples.append(thread_cpu(pids))
+
+
+def read_warm_stream(connection: Any, subscription: Subscription, messages: int,
+                     on_timed: Callable[[], None] = lambda: None) -> float:
     """Ask the holder (``connection``) for the range's messages twice on the warm stream and
     read both passes from ``subscription``'s image as ``read_range`` reads a log locally: a C
     scan of up to ``_ROWS_PER_BATCH`` messages, one Arrow batch of it; parked in
     ``wait_for_data`` when nothing is there, as a replay's reader is.  Returns rows/s of the
     second pass, which the holder starts once this has read the first ("go"), timed from
     then to its last message; checks that each pass brought ``messages`` rows and that the
-    image ends at the holder's publication position."""
+    image ends at the holder's publication position.  ``on_timed`` is called as the second
+    pass begins and again once it ended (the holder's publication included)."""
     image = subscription.images[0]
     schema = _schema()
     ids: dict[int, tuple[object, object]] = {}
@@ -209,11 +224,13 @@ def read_warm_stream(connection: Any, subscription: Subscription, messages: int)
 
     connection.send("stream")
     read_pass()  # the pass that writes the pages of both logs
+    on_timed()
     connection.send("go")
     began = time.perf_counter()
     read_pass()
     seconds = time.perf_counter() - began
     published = connection.recv()
+    on_timed()
     assert image.position == published, (image.position, published)
     return messages / seconds
 
@@ -303,6 +320,13 @@ def main() -> None:
                         help="print the CPU of each thread per replayed read")
     parser.add_argument("--archive", action="store_true",
                         help="also read the range replayed by an archive that recorded it")
+    parser.add_argument("--gap", type=float, default=0.0,
+                        help="seconds of pause before each replay (a task that starts after "
+                             "the clients' resource linger, 3 s: the drivers may make its "
+                             "logs from those earlier replays released, log_reuse_bytes)")
+    parser.add_argument("--set", dest="settings", action="append", default=[],
+                        type=driver_setting, metavar="KEY=VALUE",
+                        help="a setting of both drivers (repeatable)")
     args = parser.parse_args()
     if args.pin and not {HOLDER_CPU, READER_CPU} <= os.sched_getaffinity(0):
         parser.error(f"--pin needs CPUs {READER_CPU} and {HOLDER_CPU} (this process may run on "
@@ -321,7 +345,7 @@ def main() -> None:
                    for n in ("holder", "executor")]
     if args.pin:
         os.sched_setaffinity(0, {READER_CPU})
-    launches = [MediaDriver.launch(directory=d) for d in directories]
+    launches = [MediaDriver.launch(directory=d, **dict(args.settings)) for d in directories]
     spawn = multiprocessing.get_context("spawn")
     here, there = spawn.Pipe()
     holder: Any = None
@@ -378,9 +402,11 @@ def main() -> None:
         archive_runs: list[tuple[float, float]] = []
         stream_runs: list[float] = []
         cpu: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
+        stream_cpu: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
 
         def archive_run() -> None:
             if archived is not None:
+                time.sleep(args.gap)
                 rows, seconds, first = rows_of(archived)
                 assert rows == args.messages, rows
                 archive_runs.append((rows / seconds, first))
@@ -391,6 +417,7 @@ def main() -> None:
             local_runs.append((rows / seconds, first))
             if run % 2:  # the archive's replay before the holder's in every other run
                 archive_run()
+            time.sleep(args.gap)
             before = thread_cpu(pids)
             rows, seconds, first = rows_of(partition(executor_dir))
             after = thread_cpu(pids)
@@ -401,7 +428,13 @@ def main() -> None:
                 cpu[thread].append((ns - ns0, faults - faults0))
             if not run % 2:
                 archive_run()
-            stream_runs.append(read_warm_stream(here, warm, args.messages))
+            timed: list[dict[tuple[str, str], tuple[int, int]]] = []
+            stream_runs.append(read_warm_stream(here, warm, args.messages,
+                                                partial(_sample_into, timed, pids)))
+            for thread, (ns, faults) in timed[1].items():
+                ns0, faults0 = timed[0].get(thread, (0, 0))
+                stream_cpu[thread].append((ns - ns0, faults - faults0))
+        reused = [read_system_counters(d)[SystemCounter.LOGS_REUSED] for d in directories]
         here.send("stop")
         holder.join(10)
         log_bytes = log["end"] - log["start"]
@@ -414,6 +447,10 @@ def main() -> None:
         print(f"load average (1 min) at the end: {os.getloadavg()[0]:.2f}")
         layout = "pinned: the holder's side on CPU 1, the reader's on CPU 0"
         print(f"layout: {layout if args.pin else 'unpinned'}")
+        if args.gap:
+            print(f"gap before each replay: {args.gap:g} s")
+        if args.settings:
+            print("driver settings: " + ", ".join(f"{k}={v}" for k, v in args.settings))
         print(f"range: {args.messages} messages of {args.size} B ({log_bytes} bytes of log)")
         print(f"local read   : {local_best / 1e6:.3f} M rows/s (first batch after "
               f"{local_first * 1e3:.1f} ms; median {local_median / 1e6:.3f})")
@@ -445,13 +482,19 @@ def main() -> None:
               f"{fresh_s * 1e3:.1f} ms, again into the same pages {resident_s * 1e3:.1f} ms "
               f"(a replay fills two new logs; the best local read took "
               f"{args.messages / local_best * 1e3:.1f} ms)")
+        print(f"logs made in the files of released ones (log_reuse_bytes): the holder's "
+              f"driver {reused[0]}, the reader's {reused[1]}")
         if args.cpu:
-            print("CPU per replayed read (median of the runs; minor page faults):")
-            for (label, name), samples in sorted(cpu.items()):
-                ms = statistics.median(ns for ns, _ in samples) / 1e6
-                faults = statistics.median(f for _, f in samples)
-                if ms >= 0.5:
-                    print(f"  {label:16} {name:24} {ms:7.1f} ms {faults:8.0f} faults")
+            for what, table in (("replayed read", cpu), ("warm stream's timed pass", stream_cpu)):
+                print(f"CPU per {what} (median of the runs; minor page faults):")
+                total = 0.0
+                for (label, name), samples in sorted(table.items()):
+                    ms = statistics.median(ns for ns, _ in samples) / 1e6
+                    faults = statistics.median(f for _, f in samples)
+                    total += ms
+                    if ms >= 0.5:
+                        print(f"  {label:16} {name:24} {ms:7.1f} ms {faults:8.0f} faults")
+                print(f"  {'all':41} {total:7.1f} ms")
     finally:
         if reader is not None:
             reader.close()

@@ -422,14 +422,24 @@ def _text(text: str) -> str:
 
 
 #: A key's name (key=NAME): its file is NAME.key in the driver's keys_dir, so no path.
-_KEY_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+KEY_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def _key_name(text: str) -> str:
-    if not _KEY_NAME.fullmatch(text):
+    if not KEY_NAME.fullmatch(text):
         raise _Bad(f"{text!r} is not a key name (letters, digits, '.', '_', '-'; at most 64, "
                    f"the first a letter or digit)")
     return text
+
+
+def channel_with_key(channel: str, key: str | None) -> str:
+    """``channel`` (a URI) with its ``key=`` replaced by ``key=KEY``, or removed for None:
+    the one spelling of "this channel, sealed under that key" (docs/PROTOCOL.md §7.8)."""
+    media, _, query = channel.partition("?")
+    kept = [item for item in query.split("|") if item and not item.startswith("key=")]
+    if key is not None:
+        kept.append(f"key={key}")
+    return f"{media}?{'|'.join(kept)}" if kept else media
 
 
 def _port(text: str) -> int:

@@ -627,7 +627,7 @@ class Client:
         if subscription is None or subscription.is_closed:
             return
         try:
-            log_buffer = LogBuffer(message["log_file"])
+            log_buffer = LogBuffer(message["log_file"], writes_terms=False)
         except (OSError, ValueError) as e:
             # It may be gone already (a short-lived image): its UNAVAILABLE_IMAGE follows.
             log.info("could not map image %s: %s", message["log_file"], e)

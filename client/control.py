@@ -44,6 +44,8 @@ COUNTERS_FILE = "counters.dat"
 LOCK_FILE = "driver.lock"
 PUBLICATIONS_DIR = "publications"
 IMAGES_DIR = "images"
+#: The driver's released logs kept for reuse (its own: clients never open them).
+RELEASED_LOGS_DIR = "released"
 #: Unix datagram sockets a client rings to wake the driver's parked network thread: new data
 #: for the sender, a subscriber that reached the position where a status message is due.
 SENDER_DOORBELL = "sender.doorbell"

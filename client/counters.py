@@ -121,6 +121,9 @@ class CounterType(enum.IntEnum):
     # RecordingPos, type 100); its key: recording id, session id, stream id, the archive's
     # identity (slipstream.archive.reading.recording_position_key).
     RECORDING_POSITION = 100
+    # A call server's (an archive's control stream): the calls it refused for one cause
+    # (docs/ARCHIVE.md, "Protected calls"); its key: the cause and the server's identity.
+    CALLS_REFUSED = 101
     # A client's (a Spark read query's planner): the bytes its sessions hold past what the
     # query committed, summed over the sessions (its label names the query).
     SPARK_READ_LAG = 1100
@@ -319,6 +322,24 @@ class SystemCounter(enum.IntEnum):
     # host names in channels that resolved again to another address, which the endpoint
     # then sends to (Aeron's "Resolution changes"; docs/PROTOCOL.md §7.2)
     RESOLUTION_CHANGES = 74
+    # sealed datagrams of a sender the encrypted endpoint has no handshake with yet, or sent
+    # before it (a recording replayed to an endpoint since restarted): docs/PROTOCOL.md §7.8
+    CRYPTO_AWAITING_HANDSHAKE_DROPS = 75
+    # handshake datagrams malformed, or not made with the key (another key's, forged)
+    CRYPTO_HANDSHAKE_FAILED_DROPS = 76
+    # handshake datagrams of no exchange of this endpoint (another receiver's on a multicast
+    # group, repeated, replayed)
+    CRYPTO_HANDSHAKE_UNMATCHED_DROPS = 77
+    # INITs past the per-source answer rate or while every answer slot is in use
+    CRYPTO_HANDSHAKE_LIMITED_DROPS = 78
+    # handshakes an encrypted endpoint completed, as initiator or responder
+    CRYPTO_HANDSHAKES = 79
+    # logs made from a released log's file the driver kept (log_reuse_bytes), whose pages
+    # exist already
+    LOGS_REUSED = 80
+    # memory the driver's kept released logs hold now, bytes (a gauge, at most
+    # log_reuse_bytes)
+    RELEASED_LOG_BYTES = 81
 
     @property
     def label(self) -> str:
@@ -362,6 +383,10 @@ DROP_CAUSES: Final[dict[SystemCounter, str]] = {
     SystemCounter.IMAGE_PENDING_REFUSED: "setup-pending-logs-full",
     SystemCounter.MDC_UNKNOWN_RECEIVER_DROPS: "mdc-unknown-receiver",
     SystemCounter.CRYPTO_SENDERS_FULL_DROPS: "crypto-senders-full",
+    SystemCounter.CRYPTO_AWAITING_HANDSHAKE_DROPS: "crypto-awaiting-handshake",
+    SystemCounter.CRYPTO_HANDSHAKE_FAILED_DROPS: "crypto-handshake-failed",
+    SystemCounter.CRYPTO_HANDSHAKE_UNMATCHED_DROPS: "crypto-handshake-unmatched",
+    SystemCounter.CRYPTO_HANDSHAKE_LIMITED_DROPS: "crypto-handshake-limited",
 }
 
 

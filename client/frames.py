@@ -47,6 +47,9 @@ from slipstream.client.layout import (
     EXT_HEADER,
     EXT_HEADER_LENGTH,
     EXT_MAGIC,
+    EXT_TYPE_HANDSHAKE_ANSWER,
+    EXT_TYPE_HANDSHAKE_CONFIRM,
+    EXT_TYPE_HANDSHAKE_INIT,
     EXT_TYPE_RATE_ANNOUNCE,
     EXT_TYPE_RATE_SIGNAL,
     EXT_TYPE_SEALED,
@@ -54,6 +57,9 @@ from slipstream.client.layout import (
     FRAME_ALIGNMENT,
     FRAME_HEADER,
     FRAME_HEADER_LENGTH,
+    HANDSHAKE_ANSWER_LENGTH,
+    HANDSHAKE_CONFIRM_LENGTH,
+    HANDSHAKE_INIT_LENGTH,
     HDR_TYPE_ATS_DATA,
     HDR_TYPE_ATS_SETUP,
     HDR_TYPE_ATS_SM,
@@ -434,9 +440,9 @@ class RateAnnounce:
 
 @attrs.frozen
 class Sealed:
-    """A sealed datagram of an encrypted channel (docs/PROTOCOL.md §7.8), as
-    a plain endpoint sees it: its frames are ciphertext, opened only by an endpoint that
-    holds the key (``key_id``, the header's flags byte)."""
+    """A sealed datagram of an encrypted channel (docs/PROTOCOL.md §7.8), or one of its
+    handshake datagrams, as a plain endpoint sees it: ciphertext, opened only by an endpoint
+    that holds the key (``key_id``, the header's flags byte)."""
 
     key_id: int
 
@@ -628,7 +634,19 @@ def _decode_ext(data: Buffer, offset: int, remaining: int, frame_length: int,
         if remaining < SEALED_OVERHEAD or frame_length != remaining:
             return Rejected(f"sealed datagram of {remaining} bytes, frame length {frame_length}")
         return Sealed(flags)
+    if ext_type in _HANDSHAKE_LENGTHS:
+        if remaining != _HANDSHAKE_LENGTHS[ext_type] or frame_length != remaining:
+            return Rejected(f"handshake datagram (type {ext_type}) of {remaining} bytes, frame "
+                            f"length {frame_length}")
+        return Sealed(flags)
     return Rejected(f"unknown slipstream extension type {ext_type}")
+
+
+#: An encrypted channel's handshake datagrams (docs/PROTOCOL.md §7.8), by extension type:
+#: their one length each.
+_HANDSHAKE_LENGTHS: Final = {EXT_TYPE_HANDSHAKE_INIT: HANDSHAKE_INIT_LENGTH,
+                             EXT_TYPE_HANDSHAKE_ANSWER: HANDSHAKE_ANSWER_LENGTH,
+                             EXT_TYPE_HANDSHAKE_CONFIRM: HANDSHAKE_CONFIRM_LENGTH}
 
 
 # The dispatch table: a type missing here is rejected.

@@ -11,6 +11,10 @@ matched by the call's ``id``::
      "reply_channel": "aeron:udp?endpoint=10.0.0.2:40190", "response_stream_id": 91}
     {"id": 7, "status": "ok", "result": ...}  or  {"id": 7, "status": "error", "message": ...}
 
+A caller with a key (``HolderLink(..., key=NAME)``) calls the holder's endpoint of that key:
+its call and the answer are sealed under it, and the holder answers about what is of that
+key (docs/ARCHIVE.md, "Protected calls").
+
 Unlike a replay, a caller keeps its two streams (:class:`HolderLink`) and the holder its answer
 publication (:class:`Answers`) for as long as calls keep coming, so a call costs one round
 trip through the two hosts' drivers, not a stream's set-up.
@@ -25,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
+from slipstream.client.channel import channel_with_key
 from slipstream.client.client import Client
 from slipstream.client.errors import RegistrationError, SlipstreamError
 from slipstream.client.layout import INT32_MAX
@@ -155,19 +160,21 @@ def forget_reply_port(client: Client, address: str, port: int) -> bool:
 
 
 def open_holder_streams(client: Client, address: str, port: int, control_stream_id: int,
-                        reply_channel: str, response_stream_id: int
+                        reply_channel: str, response_stream_id: int, key: str | None = None
                         ) -> tuple[Subscription, Publication]:
     """A caller's or reader's two streams to the holder at ``address:port``: the response
     subscription at its reply endpoint ``reply_channel`` (``response_stream_id``) and the
-    control publication to the holder's ``control_stream_id``; neither is left open when the
-    other cannot be made."""
+    control publication to the holder's ``control_stream_id``, both sealed under ``key``
+    when given (the holder's endpoint of that key); neither is left open when the other
+    cannot be made."""
     # Every subscription at the reply endpoint asks for the same window (its first one makes
     # it): reply_subscription_channel.
-    response = client.add_subscription(reply_subscription_channel(reply_channel),
-                                       response_stream_id)
+    response = client.add_subscription(
+        reply_subscription_channel(channel_with_key(reply_channel, key)), response_stream_id)
     try:
-        control = client.add_publication(small_channel(f"aeron:udp?endpoint={address}:{port}"),
-                                         control_stream_id)
+        control = client.add_publication(
+            small_channel(channel_with_key(f"aeron:udp?endpoint={address}:{port}", key)),
+            control_stream_id)
     except BaseException:
         response.close()
         raise
@@ -285,10 +292,13 @@ class HolderLink:
 
     def __init__(self, client: Client, address: str, port: int, control_stream_id: int, *,
                  timeout_s: float = 30.0, reply_address: str | None = None,
-                 reply_port: int | None = None) -> None:
-        self.holder = f"{address}:{port} (control stream {control_stream_id})"
+                 reply_port: int | None = None, key: str | None = None) -> None:
+        self.holder = f"{address}:{port} (control stream {control_stream_id}" + \
+            (f", key={key})" if key is not None else ")")
         self.address = address
         self.port = port
+        #: The key the calls and their answers are sealed under (None: plain).
+        self.key = key
         self.timeout_s = timeout_s
         self.response_stream_id = random.randrange(1, INT32_MAX)
         self._client = client
@@ -299,7 +309,7 @@ class HolderLink:
         self._control: Publication | None = None
         self._response = self._open_response(
             lambda channel: open_holder_streams(client, address, port, control_stream_id,
-                                                channel, self.response_stream_id))
+                                                channel, self.response_stream_id, key))
 
     def _reply_channel_now(self) -> str:
         """Where the answers should come now (this host's address towards the holder is
@@ -348,7 +358,8 @@ class HolderLink:
             previous = self._response
             self._response = self._open_response(
                 lambda channel: (self._client.add_subscription(
-                    reply_subscription_channel(channel), self.response_stream_id),
+                    reply_subscription_channel(channel_with_key(channel, self.key)),
+                    self.response_stream_id),
                     self.control))
             previous.close()
         return True

@@ -156,6 +156,26 @@ SEALED_EPOCH_BITS: Final = 23
 #: The largest datagram an encrypted endpoint seals (a plain one's largest, sealed).
 SEALED_FRAME_MAX: Final = 65536 + SEALED_OVERHEAD
 
+# The handshake of encrypted channels (docs/PROTOCOL.md §7.8): Noise_NNpsk0 with the key as
+# the pre-shared key, three EXT datagrams whose flags byte is the key id.  INIT: the exchange
+# id, the sender id asked for, the initiator's ephemeral public key, a tag; ANSWER: the
+# exchange id, the responder's ephemeral public key, its sender ids sealed; CONFIRM: the
+# exchange id, the initiator's sender ids sealed.
+EXT_TYPE_HANDSHAKE_INIT: Final = 4  # an endpoint to a peer whose datagrams it cannot open yet
+EXT_TYPE_HANDSHAKE_ANSWER: Final = 5  # the peer's answer: its traffic secrets
+EXT_TYPE_HANDSHAKE_CONFIRM: Final = 6  # the initiator's traffic secrets
+HANDSHAKE_INIT: Final = struct.Struct("<iBBHiHHQQ32s16s")
+HANDSHAKE_ANSWER: Final = struct.Struct("<iBBHiHHQ32s96s16s")
+HANDSHAKE_CONFIRM: Final = struct.Struct("<iBBHiHHQ96s16s")
+HANDSHAKE_INIT_LENGTH: Final = HANDSHAKE_INIT.size  # 80
+HANDSHAKE_ANSWER_LENGTH: Final = HANDSHAKE_ANSWER.size  # 168
+HANDSHAKE_CONFIRM_LENGTH: Final = HANDSHAKE_CONFIRM.size  # 136
+HANDSHAKE_EXCHANGE_ID_FIELD: Final = EXT_HEADER_LENGTH  # 16
+HANDSHAKE_ASKED_FIELD: Final = HANDSHAKE_EXCHANGE_ID_FIELD + 8  # 24
+HANDSHAKE_INIT_EPHEMERAL_FIELD: Final = HANDSHAKE_ASKED_FIELD + 8  # 32
+HANDSHAKE_ANSWER_EPHEMERAL_FIELD: Final = HANDSHAKE_EXCHANGE_ID_FIELD + 8  # 24
+HANDSHAKE_CONFIRM_PAYLOAD_FIELD: Final = HANDSHAKE_EXCHANGE_ID_FIELD + 8  # 24
+
 # header, then session_id stream_id fill_permille threshold_percent consumption_rate (bytes/s)
 # (and the receiver's group tag when it has one, as an SM's)
 RATE_SIGNAL_FRAME: Final = struct.Struct("<iBBHiHHiiiiq")

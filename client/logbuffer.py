@@ -13,6 +13,7 @@ Positions are byte offsets in the stream: ``position = term_count << bits | term
 from __future__ import annotations
 
 import copy
+import errno
 import os
 import struct
 from pathlib import Path
@@ -102,6 +103,27 @@ def term_length_of_file(file_length: int) -> int:
     return 1 << (((file_length - LOG_META_DATA_LENGTH) // PARTITION_COUNT).bit_length() - 1)
 
 
+def resident_ranges(fd: int, length: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of every range of the first ``length`` bytes of ``fd``'s file that
+    holds pages (``SEEK_DATA``/``SEEK_HOLE``: page-aligned on tmpfs), in order; the whole
+    file where the filesystem cannot tell."""
+    ranges = []
+    position = 0
+    while position < length:
+        try:
+            start = os.lseek(fd, position, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # only a hole is left
+                break
+            return [(0, length)]
+        end = min(os.lseek(fd, start, os.SEEK_HOLE), length)
+        if start >= end:
+            break
+        ranges.append((start, end))
+        position = end
+    return ranges
+
+
 def position_bits_to_shift(term_length: int) -> int:
     """log2(term_length)."""
     return term_length.bit_length() - 1
@@ -189,15 +211,22 @@ class LogBuffer:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, writable: bool = True,
-                 populate: bool | None = None) -> None:
+                 populate: bool | None = None, writes_terms: bool = True) -> None:
         """Map the log at ``path``.  ``populate`` maps every page in place up front (default:
-        when the log is not sparse), so the hot paths never take a page fault."""
+        when the log is not sparse), so the hot paths never take a page fault.  A writer's
+        view of a sparse log (``writes_terms``: a publisher's, the driver's of an image;
+        ``populate`` None) still has the pages the file holds already mapped in place (none
+        in a new file; those of a released log's file the driver reused for it, or of a live
+        log written so far), each of which would otherwise cost its first write a fault; a
+        reader's faults map 16 pages each."""
         self.path = Path(path)
         self._borrowed = False  # a handle on another LogBuffer's mapping (see borrowed())
         fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
         try:
             length = os.fstat(fd).st_size
             self._map = map_shared(fd, length, writable=writable)
+            resident = (resident_ranges(fd, length)
+                        if writable and writes_terms and populate is None else [])
         finally:
             os.close(fd)
         self.length = length
@@ -222,6 +251,9 @@ class LogBuffer:
         self.stream_id = self.default_header_field("<i", STREAM_ID_FIELD)
         if populate if populate is not None else not self.is_sparse:
             self._populate(writable)
+        else:
+            for start, end in resident:
+                lib.ss_populate(self.address + start, end - start, int(writable))
 
     # -- creation -------------------------------------------------------------------------
     @classmethod
@@ -248,10 +280,14 @@ class LogBuffer:
         sparse: bool = True,
         populate: bool | None = None,
         mode: int = 0o600,
+        reused: bool = False,
     ) -> LogBuffer:
         """Create and initialise a log file (the driver's job, with ``mode``:
         :func:`control.file_mode`) and map it (``populate``: as for the constructor).  A
         failure leaves no file behind.
+
+        ``reused``: the file exists at ``path`` already, of this log's length and every byte
+        zero (a released log the driver's pool handed out): it is initialised in place.
 
         ``initial_term_count``/``initial_term_offset`` start the stream at a non-zero position
         (URI ``init-term-id``/``term-id``/``term-offset``, or a receiver's join position).
@@ -285,9 +321,17 @@ class LogBuffer:
         struct.pack_into("<q", meta, META_LINGER_TIMEOUT_NS, linger_timeout_ns)
         struct.pack_into("8B", meta, META_FLAGS, group, False, True, reliable, sparse,
                          signal_eos, False, tether)
-        fd = control.create_file(path, os.O_RDWR | os.O_EXCL, mode)
+        if reused:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        else:
+            fd = control.create_file(path, os.O_RDWR | os.O_EXCL, mode)
         try:
-            os.ftruncate(fd, length)
+            if reused:
+                os.fchmod(fd, mode)
+                if os.fstat(fd).st_size != length:
+                    raise ValueError(f"{path} is no log of {length} bytes to reuse")
+            else:
+                os.ftruncate(fd, length)
             # The metadata first: a driver that finds this file after a crash knows it for
             # one of its logs by it (and removes it), however far its pages were reserved.
             os.pwrite(fd, meta, PARTITION_COUNT * term_length)

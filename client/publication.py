@@ -346,17 +346,19 @@ class Publication:
     async def offer_async(self, message: Buffer, reserved_value: int = 0, *,
                           timeout: float | None = None) -> int:
         """Append one message (with ``reserved_value`` in its frames' headers, as :meth:`offer`)
-        from a trio task, waiting for credit without blocking the event loop (``block``'s
-        behaviour, whatever the :attr:`policy`; under ``rate-limit`` it is paced by the
-        publication's token bucket first, as :meth:`offer` is, and waits for the bucket even
-        with ``when-empty:refuse``): returns the new position, or ``MAX_POSITION_EXCEEDED``
-        once the stream has reached its end (no wait helps then: a new publication is needed).
+        from a trio or asyncio task, waiting for credit without blocking the event loop
+        (``block``'s behaviour, whatever the :attr:`policy`; under ``rate-limit`` it is paced by
+        the publication's token bucket first, as :meth:`offer` is, and waits for the bucket
+        even with ``when-empty:refuse``): returns the new position, or
+        ``MAX_POSITION_EXCEEDED`` once the stream has reached its end (no wait helps then: a
+        new publication is needed).
 
         Waits for credit at most ``timeout`` seconds (None: the policy's timeout if the
         publication has one, else 10 s), then raises :class:`BackPressuredError`; raises
         :class:`ClosedError` when the publication is closed meanwhile and
-        :class:`DriverNotRunningError` when the driver is lost.  Cancellable by trio's cancel
-        scopes (nothing is appended then).  See :mod:`slipstream.client.aio`."""
+        :class:`DriverNotRunningError` when the driver is lost.  Cancellable by the loop's own
+        means (trio's cancel scopes, asyncio's ``Task.cancel()``: nothing is appended then).
+        See :mod:`slipstream.client.aio`."""
         from slipstream.client import aio
 
         if timeout is not None:  # None is the policy's; a number is a finite wait
@@ -517,8 +519,8 @@ class Publication:
                                          BLOCK_YIELD_NS, int(timeout_s * 1e9)))
 
     async def wait_durable_async(self, position: int, timeout_s: float) -> bool:
-        """:meth:`wait_durable` from a trio task, without blocking the event loop (the park
-        runs in a worker thread, in slices; cancelling the task ends it at once)."""
+        """:meth:`wait_durable` from a trio or asyncio task, without blocking the event loop
+        (the park runs in a worker thread, in slices; cancelling the task ends it at once)."""
         from slipstream.client import aio
 
         position = control.check_int64("position", position)

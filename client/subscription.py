@@ -251,8 +251,9 @@ class Subscription:
 
     async def receive_async(self, handler: FragmentHandler, fragment_limit: int = 10,
                             timeout: float | None = None) -> int:
-        """:meth:`receive` for a trio task: waits for a message without blocking the event
-        loop (in a worker thread, on the same futex), cancellable by trio's cancel scopes.
+        """:meth:`receive` for a trio or asyncio task: waits for a message without blocking the
+        event loop (in a worker thread, on the same futex), cancellable by the loop's own means
+        (trio's cancel scopes, asyncio's ``Task.cancel()``).
         Returns the messages handled, 0 on timeout or once the subscription is closed; raises
         :class:`DriverNotRunningError` once the driver is lost.  See
         :mod:`slipstream.client.aio`."""

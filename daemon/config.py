@@ -431,6 +431,22 @@ class DriverSettings:
         "driver allocate (slipstream).",
         low=64 * _KiB, high=1 << 50,
     )
+    log_reuse_bytes: int = _size(
+        512 * _MiB,
+        "The most memory the logs this driver released may hold while it keeps their files "
+        "for new logs of the same length, bytes, beyond log_buffer_memory_limit: a new "
+        "network publication or image takes one, its pages in memory already, where a new "
+        "file's would each cost its first writer a page fault. A file is kept only once no "
+        "process maps it, zeroed, and counted by the pages it holds: 64 MiB for a replay of "
+        "64 MB, up to 384 MiB for a dense log of 128 MiB terms. 0 keeps none (slipstream).",
+        low=0, high=1 << 50,
+    )
+    log_reuse_timeout: int = _duration(
+        10 * _S,
+        "How long a released log's file is kept for reuse untaken before it is deleted, ns: an "
+        "idle driver gives that memory back (slipstream).",
+        low=_MS,
+    )
     ipc_mtu_length: int = _size(
         1408,
         "Fragment size of IPC publications, bytes incl. the 32-byte header; same rules as "

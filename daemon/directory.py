@@ -362,8 +362,9 @@ DRIVER_FILES = (control.CONDUCTOR_SOCKET, control.COUNTERS_FILE, control.SENDER_
 #: What a driver of an earlier release also made there (its error log's temporary name, also
 #: in directories whose lock has the marker).
 LEGACY_FILES = ("errors.tmp",)
-#: The folders of the driver's log buffers: only ``<registration id>.logbuffer`` files.
-LOG_FOLDERS = (control.PUBLICATIONS_DIR, control.IMAGES_DIR)
+#: The folders of the driver's log buffers: only ``<registration id>.logbuffer`` files (in
+#: ``released/``, ``<n>.logbuffer``: the files its log pool keeps, :mod:`.conductor.log_pool`).
+LOG_FOLDERS = (control.PUBLICATIONS_DIR, control.IMAGES_DIR, control.RELEASED_LOGS_DIR)
 _LOG_NAME = re.compile(r"-?[0-9]+\.logbuffer")
 
 

@@ -46,12 +46,29 @@
 #define SS_SEALED_OVERHEAD 48
 #define SS_SEALED_EPOCH_BITS 23
 #define SS_SEALED_FRAME_MAX 65584
+/* The handshake (docs/PROTOCOL.md §7.8, Noise_NNpsk0_25519_AESGCM_SHA256 with the channel's
+ * key as the pre-shared key): its three datagrams, as slipstream.client.layout's
+ * HANDSHAKE_*. */
+#define SS_EXT_TYPE_HANDSHAKE_INIT 4
+#define SS_EXT_TYPE_HANDSHAKE_ANSWER 5
+#define SS_EXT_TYPE_HANDSHAKE_CONFIRM 6
+#define SS_HANDSHAKE_EXCHANGE_ID_FIELD 16
+#define SS_HANDSHAKE_ASKED_FIELD 24
+#define SS_HANDSHAKE_INIT_EPHEMERAL_FIELD 32
+#define SS_HANDSHAKE_ANSWER_EPHEMERAL_FIELD 24
+#define SS_HANDSHAKE_CONFIRM_PAYLOAD_FIELD 24
+#define SS_HANDSHAKE_INIT_LENGTH 80
+#define SS_HANDSHAKE_ANSWER_LENGTH 168
+#define SS_HANDSHAKE_CONFIRM_LENGTH 136
 /* ss_crypto_open's verdicts (each counted by its cause). */
 #define SS_OPEN_PLAIN (-1)
 #define SS_OPEN_UNKNOWN_KEY (-2)
 #define SS_OPEN_FAILED (-3)
 #define SS_OPEN_REPLAY (-4)
 #define SS_OPEN_SENDERS_FULL (-5)
+#define SS_OPEN_AWAITING_HANDSHAKE (-6) /* no session with its sender yet, or sent before it */
+#define SS_OPEN_HANDSHAKE (-7)          /* a handshake datagram, taken (not a drop) */
+#define SS_OPEN_HANDSHAKE_REFUSED (-8)  /* a handshake datagram refused (counted by cause) */
 /* A key's bytes, and the keys an endpoint holds at once (the one that seals, one more that
  * opens: rotation). */
 #define SS_CRYPTO_KEY_LENGTH 32
@@ -75,6 +92,12 @@ typedef struct {
                                    * a sender id past its lifetime */
     int64_t *senders_full_drops;  /* a new sender while every slot holds a fresh one */
     int64_t *seal_failures;       /* datagrams not sent: not sealed (too long, libcrypto) */
+    int64_t *awaiting_handshake_drops; /* sealed by a sender with no session here yet, or
+                                        * below the counter its session began at */
+    int64_t *handshake_failed_drops;   /* handshake datagrams malformed or not authentic */
+    int64_t *handshake_unmatched_drops; /* answers and confirmations of no exchange here */
+    int64_t *handshake_limited_drops;  /* INITs past the per-source rate or a full table */
+    int64_t *handshakes;               /* exchanges completed, as initiator or responder */
 } ss_crypto_counters_t;
 
 /* A context with a random sender id and no keys (NULL: out of memory, or no randomness). */
@@ -96,10 +119,25 @@ int32_t ss_crypto_set_keys(ss_crypto_t *c, const uint8_t *ids, const uint8_t *ke
  * sealed length, or -1 (no key, no room). */
 int32_t ss_crypto_seal(ss_crypto_t *c, const uint8_t *plain, int32_t length, uint8_t *out,
                        int32_t capacity);
-/* Open a datagram in place: its frames are then at data + SS_SEALED_HEADER_LENGTH and the
- * result is their length; or an SS_OPEN_* verdict (< 0), counted by its cause.  A datagram
- * opens at most once per sender and counter within the sender's window. */
-int32_t ss_crypto_open(ss_crypto_t *c, uint8_t *data, int32_t length);
+/* Open a datagram from `source` (a struct sockaddr of source_length bytes; NULL: none known,
+ * no exchange is started) in place: its frames are then at data + SS_SEALED_HEADER_LENGTH and
+ * the result is their length; or an SS_OPEN_* verdict (< 0), counted by its cause.  A
+ * datagram opens at most once per sender and counter within the sender's window, and only
+ * once the endpoint exchanged a handshake with its sender.  Handshake datagrams are taken
+ * here (SS_OPEN_HANDSHAKE); what the endpoint sends in answer, or to start an exchange, waits
+ * in its outbox (ss_crypto_take_handshake). */
+int32_t ss_crypto_open(ss_crypto_t *c, uint8_t *data, int32_t length, const uint8_t *source,
+                       int32_t source_length);
+/* The next handshake datagram to send: its bytes into `out` (capacity at least
+ * SS_HANDSHAKE_ANSWER_LENGTH) and where to (into address, SS_SOCKADDR_MAX bytes, its length
+ * at *address_length).  Returns its length, or 0 when the outbox is empty. */
+int32_t ss_crypto_take_handshake(ss_crypto_t *c, uint8_t *out, int32_t capacity,
+                                 uint8_t *address, int32_t *address_length);
+/* Where this endpoint's handshake datagrams go instead of their peer's source (a multicast
+ * endpoint's group: its socket is bound to the group, so unicast never reaches a peer's);
+ * length 0: to the source. */
+void ss_crypto_set_handshake_address(ss_crypto_t *c, const uint8_t *address,
+                                     int32_t address_length);
 
 /* Store `value` in a position's private cell, then in its counter (NULL: none). */
 void ss_publish_position(int64_t *cell, int64_t *counter, int64_t value);
@@ -734,8 +772,11 @@ typedef struct {
     const ss_transport_binding_t *binding;
     void *binding_context;
     /* An encrypted channel's endpoint: every datagram opened before dispatch, every frame
-     * sent sealed (NULL: plain, one branch). */
+     * sent sealed (NULL: plain, one branch).  handshake_taken: a handshake datagram came
+     * (the Python half is due, and clears it: a send endpoint's publications send their next
+     * SETUP at once, which a peer that just got its session dropped the last of). */
     ss_crypto_t *crypto;
+    int32_t handshake_taken;
 } ss_receiver_t;
 
 /* ------------------------------------------------- the channel endpoints' sends, for Python */

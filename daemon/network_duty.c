@@ -659,7 +659,7 @@ int32_t ss_agent_python_due(ss_agent_t *a, int64_t now_ns) {
     if (now_ns >= a->python_deadline_ns) due |= SS_DUE_TIMER;
     for (int32_t i = 0; i < a->endpoint_count; i++) {
         const ss_receiver_t *r = a->endpoints[i];
-        if (r->pending_count > 0 || r->failed) due |= SS_DUE_INPUT;
+        if (r->pending_count > 0 || r->failed || r->handshake_taken) due |= SS_DUE_INPUT;
     }
     for (int32_t i = 0; i < a->image_count && !(due & SS_DUE_IMAGE); i++)
         if (image_needs_python(a->images[i], now_ns)) due |= SS_DUE_IMAGE;

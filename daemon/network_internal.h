@@ -127,5 +127,8 @@ SS_INTERNAL int ss_crypto_send(ss_crypto_t *c, struct mmsghdr *messages, uint32_
  * with *length the sealed length, or NULL (not sealed: counted in seal_failures). */
 SS_INTERNAL const uint8_t *ss_crypto_seal_frame(ss_crypto_t *c, const uint8_t *frame,
                                                 int32_t *length);
+/* Send what the outbox holds through `fd` (the receiving thread's, after ss_crypto_open): a
+ * datagram the socket does not take is dropped, as any, and its exchange's retry covers it. */
+SS_INTERNAL void ss_crypto_flush_handshakes(ss_crypto_t *c, int32_t fd);
 
 #endif

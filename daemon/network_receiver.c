@@ -509,8 +509,11 @@ int32_t ss_receiver_recv(ss_receiver_t *r, int32_t fd, int64_t now_ns, int32_t *
             const uint8_t *datagram = buffer + offset;
             if (r->crypto != NULL) { /* an encrypted endpoint: opened in place, or dropped */
                 const int32_t opened = ss_crypto_open(r->crypto, (uint8_t *)datagram,
-                                                      datagram_length);
+                                                      datagram_length, source, source_length);
+                /* A handshake it answered or started leaves from this socket, now. */
+                ss_crypto_flush_handshakes(r->crypto, r->fd);
                 if (opened < 0) {
+                    if (opened == SS_OPEN_HANDSHAKE) r->handshake_taken = 1;
                     if (length == 0) break;
                     continue;
                 }

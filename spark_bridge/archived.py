@@ -73,10 +73,12 @@ class Archives:
     (:meth:`refresh`).  An archive that does not answer in ``timeout_s`` is left out of that
     trigger's answers (logged); the others still serve."""
 
-    def __init__(self, client: Client, endpoints: Sequence[Endpoint], timeout_s: float) -> None:
+    def __init__(self, client: Client, endpoints: Sequence[Endpoint], timeout_s: float,
+                 key: str | None = None) -> None:
         self.client = client
         self.endpoints = tuple(endpoints)
         self.timeout_s = timeout_s
+        self.key = key  # the archives' control endpoints are of this key (None: plain)
         self._links: dict[Endpoint, ArchiveClient] = {}
         self._listed: dict[int, list[tuple[Endpoint, list[ListedRecording]]]] = {}
         #: Archives that did not answer, and until when (monotonic s) they are not asked.
@@ -89,7 +91,8 @@ class Archives:
     def _link(self, endpoint: Endpoint) -> ArchiveClient:
         link = self._links.get(endpoint)
         if link is None:
-            link = ArchiveClient(self.client, *endpoint, timeout_s=self.timeout_s)
+            link = ArchiveClient(self.client, *endpoint, timeout_s=self.timeout_s,
+                                 key=self.key)
             self._links[endpoint] = link
         return link
 
@@ -315,7 +318,7 @@ class ArchivedSource:
 
 
 _lock = threading.Lock()
-_archive_clients: dict[tuple[int, str, Endpoint], ArchiveClient] = {}
+_archive_clients: dict[tuple[int, str, Endpoint, str | None], ArchiveClient] = {}
 
 
 def _reset_after_fork() -> None:
@@ -328,25 +331,27 @@ os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def archive_client_for(client: Client, directory: str | None, endpoint: Endpoint,
-                       timeout_s: float) -> ArchiveClient:
+                       timeout_s: float, call_key: str | None = None) -> ArchiveClient:
     """This process's link to the archive at ``endpoint`` through ``client`` (the driver in
-    ``directory``), made once and kept while the worker lives and the link works."""
-    key = (os.getpid(), directory or "", endpoint)
+    ``directory``), its calls sealed under ``call_key`` (the endpoint is of that key; None:
+    plain), made once and kept while the worker lives and the link works."""
+    key = (os.getpid(), directory or "", endpoint, call_key)
     with _lock:
         link = _archive_clients.get(key)
         if link is not None and link.client is client and not client.is_closed:
             return link
-    link = ArchiveClient(client, *endpoint, timeout_s=timeout_s)
+    link = ArchiveClient(client, *endpoint, timeout_s=timeout_s, key=call_key)
     with _lock:
         _archive_clients[key] = link
     return link
 
 
-def forget_archive_client(directory: str | None, endpoint: Endpoint) -> None:
+def forget_archive_client(directory: str | None, endpoint: Endpoint,
+                          call_key: str | None = None) -> None:
     """Close and drop this process's link to the archive at ``endpoint`` (it stopped
     answering: the next task makes a new one)."""
     with _lock:
-        link = _archive_clients.pop((os.getpid(), directory or "", endpoint), None)
+        link = _archive_clients.pop((os.getpid(), directory or "", endpoint, call_key), None)
     if link is not None:
         try:
             link.close()

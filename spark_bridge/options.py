@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from slipstream.archive.settings import DEFAULT_CONTROL_PORT, DEFAULT_CONTROL_STREAM_ID
-from slipstream.client.channel import parse_channel
+from slipstream.client.channel import KEY_NAME, parse_channel
 from slipstream.client.errors import ChannelError, UsageError
 from slipstream.client.holder import DEFAULT_GROUP, HOLDER_PORT
 from slipstream.client.layout import FRAME_ALIGNMENT, INT32_MAX, INT32_MIN
@@ -42,7 +42,7 @@ READ_OPTIONS = ("startingPosition", "endingPosition", "startingTimestamp", "endi
                 "maxBytesPerTrigger", "minMessagesPerTrigger", "maxTriggerDelay",
                 "failOnDataLoss", "minPartitions", "holder",
                 "holderGroup", "holderAddress", "replayPort", "replayTimeoutMs", "archive",
-                "archiveDir",
+                "archiveDir", "archiveKey",
                 "startingOffsetsByTimestamp",
                 "startingOffsetsByTimestampStrategy", "includeHeaders")
 WRITE_OPTIONS = ("offerTimeoutMs", "durableTimeoutMs")
@@ -154,6 +154,10 @@ class SourceOptions:
     #: ``archiveDir``: the archive directory on the archives' hosts; a task on such a host
     #: reads a recording there in place.
     archive_dir: str | None = None
+    #: The key the calls to the archives and the holder are sealed under (their control
+    #: endpoints of that key): the channel's ``key=``, or ``archiveKey`` for a plain stream;
+    #: None: plain calls (docs/SPARK.md, "Keyed streams").
+    call_key: str | None = None
     #: The reader's ``queryName`` option, if given: it names the query's lag counter.
     query_name: str | None = None
     given: frozenset[str] = frozenset()  # canonical names of the options the user set
@@ -392,9 +396,20 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
 
     channel = given.get("channel", DEFAULT_CHANNEL).strip()
     try:
-        parse_channel(channel)
+        stream_key = parse_channel(channel).key
     except ChannelError as e:
         raise OptionError("channel", f"{e} (accepted: a channel URI such as aeron:ipc)") from None
+    call_key = stream_key
+    if "archiveKey" in given:
+        call_key = given["archiveKey"].strip()
+        if not KEY_NAME.fullmatch(call_key):
+            raise OptionError("archiveKey", f"{call_key!r} is not a key name (accepted: the "
+                                            f"name of the key=NAME of the archives' control "
+                                            f"endpoints: letters, digits, '.', '_', '-')")
+        if stream_key is not None and call_key != stream_key:
+            raise OptionError("archiveKey", f"{call_key!r}: the stream is of key={stream_key}, "
+                                            f"and an archive answers about it only under that "
+                                            f"key (leave archiveKey out)")
 
     directory = given.get("directory")
     if directory is not None and not directory.strip():
@@ -548,7 +563,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         offer_timeout_ms=offer_timeout_ms, durable_timeout_ms=durable_timeout_ms,
         holder_address=holder_address,
         replay_port=replay_port, replay_timeout_ms=replay_timeout_ms, holder=holder,
-        holder_group=group, archives=archives, archive_dir=archive_dir,
+        holder_group=group, archives=archives, archive_dir=archive_dir, call_key=call_key,
         query_name=given.get("queryName", "").strip() or None,
         include_headers=headers_text == "true",
         given=frozenset(given),

@@ -89,9 +89,12 @@ class _Holder:
     subscriptions hold (:class:`~slipstream.archive.holding.NamedLogs`) to read tasks on
     other hosts, as an ingest host's archive serves its held streams'.  ``logs`` maps
     (stream id, session id) to (log path, join position); the planning thread replaces it as
-    images come and go."""
+    images come and go.  With ``key`` (the query's calls' key, a keyed stream's) its one
+    control endpoint is of that key: only holders of it call, and its replays leave sealed
+    (docs/ARCHIVE.md, "Protected calls")."""
 
-    def __init__(self, directory: str | None, address: str, port: int) -> None:
+    def __init__(self, directory: str | None, address: str, port: int,
+                 key: str | None = None) -> None:
         # The ArchiveControl's host (its ControlHost), with no recordings.
         self.holds = NamedLogs()
         self.directory: Path | None = None
@@ -101,7 +104,9 @@ class _Holder:
         self.client = Client.connect(directory)
         try:
             control_stream = random.randrange(1, INT32_MAX)
-            self.control = ArchiveControl(self, address, port, control_stream)
+            self.control = ArchiveControl(self, address, 0 if key is not None else port,
+                                          control_stream,
+                                          keys={key: port} if key is not None else None)
         except BaseException:
             self.client.close()
             raise
@@ -219,7 +224,8 @@ class _OwnHold:
             address = holder_address(options)
             if address is not None:
                 try:
-                    self.holder = _Holder(options.directory, address, options.replay_port)
+                    self.holder = _Holder(options.directory, address, options.replay_port,
+                                          options.call_key)
                 except SlipstreamError as e:  # tasks on other hosts fail, saying so
                     log.warning("slipstream: the query's replay holder cannot listen at "
                                 "%s:%d (%s): read tasks on other hosts will fail; set "
@@ -309,7 +315,8 @@ class _StandingHold:
         self.client = Client.connect(options.directory)
         try:
             self.link = HolderLink(self.client, address, port, DEFAULT_CONTROL_STREAM_ID,
-                                   timeout_s=options.replay_timeout_ms / 1000)
+                                   timeout_s=options.replay_timeout_ms / 1000,
+                                   key=options.call_key)
         except BaseException:
             self.client.close()
             raise
@@ -617,7 +624,8 @@ def archived_partitions(options: SourceOptions, archives: Archives, stream_id: i
                 f"the archive at {piece.archive[0]}:{piece.archive[1]}",
                 log=None, driver=None, holder=None, replay_timeout_ms=options.replay_timeout_ms,
                 archived=ArchivedSource(piece.archive, piece.recording_id, framing,
-                                        archives.endpoints, options.archive_dir)))
+                                        archives.endpoints, options.archive_dir),
+                call_key=options.call_key))
         position = piece.end
     return partitions
 
@@ -693,7 +701,7 @@ def plan_partitions(options: SourceOptions, hold: Hold,
                     options.directory, options.fail_on_data_loss, hold.host,
                     log=view.identity, driver=hold.driver, holder=hold.holder_address,
                     replay_timeout_ms=options.replay_timeout_ms,
-                    held=hold.held(view.stream_id))]
+                    held=hold.held(view.stream_id), call_key=options.call_key)]
 
             partitions += archived_partitions(
                 options, archives, image.stream_id, image.session_id, image.identity.framing,
@@ -726,5 +734,6 @@ def plan_partitions(options: SourceOptions, hold: Hold,
                 image.session_id, image.stream_id, image.log_path, low, high,
                 options.directory, options.fail_on_data_loss, hold.host,
                 log=identity, driver=hold.driver, holder=hold.holder_address,
-                replay_timeout_ms=options.replay_timeout_ms, held=hold.held(image.stream_id)))
+                replay_timeout_ms=options.replay_timeout_ms, held=hold.held(image.stream_id),
+                call_key=options.call_key))
     return partitions

@@ -100,7 +100,7 @@ class SlipstreamPartition(InputPartition):
                  holder: tuple[str, int, int] | None, replay_timeout_ms: int,
                  archived: ArchivedSource | None = None,
                  held: dict[str, object] | None = None,
-                 include_headers: bool = False) -> None:
+                 include_headers: bool = False, call_key: str | None = None) -> None:
         super().__init__(None)
         self.session_id = session_id
         self.stream_id = stream_id
@@ -117,6 +117,8 @@ class SlipstreamPartition(InputPartition):
         self.archived = archived
         self.held = held
         self.include_headers = include_headers  # the reader's includeHeaders
+        #: The key the calls to the holder or archives are sealed under (None: plain).
+        self.call_key = call_key
 
     def __repr__(self) -> str:
         source = "" if self.archived is None else \
@@ -301,7 +303,7 @@ def _read_archived(p: SlipstreamPartition) -> Iterator[object]:
 
     def link(endpoint: Endpoint) -> ArchiveClient:
         return archive_client_for(runtime.client_for(p.directory), p.directory, endpoint,
-                                  timeout_s)
+                                  timeout_s, p.call_key)
 
     def lost(gone: LostRange) -> None:
         message = loss_message(p.stream_id, p.session_id, gone.start, gone.end, None, None,
@@ -315,7 +317,8 @@ def _read_archived(p: SlipstreamPartition) -> Iterator[object]:
     # the garbage collector finds the reader.
     with contextlib.closing(read_session(
             source.archives, p.stream_id, p.session_id, source.framing, p.start, p.end,
-            link=link, forget=lambda endpoint: forget_archive_client(p.directory, endpoint),
+            link=link, forget=lambda endpoint: forget_archive_client(p.directory, endpoint,
+                                                                   p.call_key),
             directory=source.directory, prefer=(source.archive, source.recording_id),
             on_loss=lost, timeout_s=timeout_s, max_messages=_ROWS_PER_BATCH)) as chunks:
         for chunk in chunks:
@@ -405,7 +408,7 @@ def _read_held(p: SlipstreamPartition) -> Iterator[object]:
     timeout_s = p.replay_timeout_ms / 1000
     term_length = p.log.term_length
     link = archive_client_for(runtime.client_for(p.directory), p.directory, p.holder,
-                              timeout_s)
+                              timeout_s, p.call_key)
     schema = _schema(p.include_headers)
     ids: dict[int, tuple[object, object]] = {}
     position = p.start

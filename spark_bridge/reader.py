@@ -268,7 +268,8 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 self._archives = Archives(self._hold.client,
                                           [_resolved(endpoint)
                                            for endpoint in self.options.archives],
-                                          self.options.replay_timeout_ms / 1000)
+                                          self.options.replay_timeout_ms / 1000,
+                                          self.options.call_key)
         return self._hold.views()
 
     def _ask_archives_again(self) -> None:
@@ -1096,7 +1097,8 @@ class SlipstreamBatchReader(DataSourceReader):
             if self.options.archives:
                 archives = Archives(hold.client, [_resolved(endpoint)
                                                   for endpoint in self.options.archives],
-                                    self.options.replay_timeout_ms / 1000)
+                                    self.options.replay_timeout_ms / 1000,
+                                    self.options.call_key)
                 silent = [endpoint for stream_id in self.options.stream_ids
                           for endpoint in archives.silent(stream_id)]
                 if silent:

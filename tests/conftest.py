@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from helpers import FAST_DRIVER_SETTINGS, NETWORK_SETTINGS, lacking
 
-# installed_venv: the wheel in a fresh venv; slipstream_image and containers: the image
-pytest_plugins = ["installed", "containers"]
+# installed_venv: the wheel in a fresh venv; slipstream_image and containers: the image;
+# loops: the event loops the async tests marked anyio run under
+pytest_plugins = ["installed", "containers", "loops"]
 
 #: The session's bytecode cache of the Python processes the tests start, made by
 #: :func:`pytest_configure` (None: the environment's own rule stands).
@@ -156,6 +157,8 @@ MODULE_LANES = {
     "test_archive_stream_retention": "unit",
     "test_archive_catalog_reads": "sockets",
     "test_archive_replay": "sockets",
+    "test_archive_calls": "sockets",
+    "test_archive_calls_hosts": "hosts",
     "test_archive_merge": "sockets",
     "test_recording_view": "sockets",
     "test_spark_archive_planning": "sockets",
@@ -238,6 +241,7 @@ MODULE_LANES = {
     "test_response_hosts": "hosts",
     "test_retransmit": "unit",
     "test_setup_flood": "sockets",
+    "test_log_reuse": "sockets",
     "test_setup_flood_hosts": "hosts",
     "test_sim_cli": "sim",
     "test_sim_control": "sim",
@@ -268,6 +272,7 @@ MODULE_LANES = {
     "test_udp": "sockets",
     "test_mdc": "sockets",
     "test_sealing": "unit",
+    "test_handshake": "unit",
     "test_encrypted_streams": "sockets",
     "test_encrypted_hosts": "hosts",
     "test_mds": "sockets",

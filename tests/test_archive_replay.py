@@ -358,3 +358,53 @@ def test_the_local_reader_never_reads_a_frame_past_the_recorded_stop(driver,
         got = replayed(reader)
         assert reader.position == stop
     assert got == expected(0, positions)
+
+
+@pytest.mark.anyio  # under trio and asyncio (tests/loops.py)
+async def test_a_replay_is_read_from_a_trio_or_asyncio_task_and_its_wait_cancelled_at_once(
+        driver, tmp_path: Path) -> None:
+    """``read_all_async`` reads a recording of 600 mixed-size messages (several segments)
+    whole while another task of the loop keeps running; on a followed live recording with
+    nothing more to come it parks, and a cancellation ends it at once with no thread left
+    on the futex."""
+    import anyio
+
+    from slipstream.client.layout import META_READER_WAITERS
+
+    archive_dir = tmp_path / "archive"
+    port, process = start_archive(tmp_path, driver.directory, [("aeron:ipc", 10)])
+    with Client.connect(driver.directory) as client, process:
+        publication = client.add_publication("aeron:ipc", 10)
+        wait_for_recording(archive_dir)
+        positions = publish(publication, 600)
+        assert positions[-1] > 2 * SEGMENT
+        with ArchiveClient(client, "127.0.0.1", port, CONTROL_STREAM) as archive:
+            wait_for(lambda: archive.recording_position(0)[0] >= positions[-1],
+                     what="the messages recorded")
+            got: list[tuple[bytes, int]] = []
+            ticks = 0
+
+            async def tick() -> None:
+                nonlocal ticks
+                while True:
+                    ticks += 1
+                    await anyio.sleep(0.001)
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(tick)
+                with archive.replay(0, end=positions[-1]) as replay:
+                    await replay.read_all_async(
+                        lambda data, header: got.append((bytes(data), header.position)), 30)
+                tasks.cancel_scope.cancel()
+            assert got == expected(0, positions)
+            assert ticks > 0
+            with archive.replay(0) as followed:  # live: it ends only when the recording stops
+                with anyio.move_on_after(1.0) as scope:
+                    await followed.read_all_async(lambda data, header: None, 30)
+                cancelled = time.monotonic()
+                assert scope.cancelled_caught and followed.position == positions[-1]
+                image = followed.image()
+                assert image is not None
+                wait_for(lambda: image._log.meta_i32(META_READER_WAITERS) == 0, timeout=0.5,
+                         what="the worker thread off the futex")
+                assert time.monotonic() - cancelled < 0.5

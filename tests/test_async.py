@@ -1,16 +1,19 @@
-"""The async API for trio (pytest-trio): offer_async, receive_async and ``async for`` over
-messages, on a real driver; waiting never blocks the event loop, cancellation frees the parked
-worker thread, and a driver that dies wakes the tasks that wait on it."""
+"""The async API under trio and asyncio (each test runs under both: tests/loops.py):
+offer_async, receive_async and ``async for`` over messages, on a real driver; waiting never
+blocks the event loop, cancellation frees the parked worker thread, and a driver that dies
+wakes the tasks that wait on it.  Cancelling is each loop's own: the tests cancel by anyio's
+scopes (trio's own under trio), and asyncio's ``Task.cancel()`` has tests of its own here."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import anyio
 import pytest
-import trio
 from helpers import FAST_DRIVER_SETTINGS, Collector, message, wait_for
 
 from slipstream.client import Client, aio
@@ -23,6 +26,8 @@ from slipstream.client.errors import (
     UsageError,
 )
 from slipstream.client.layout import META_PUBLISHER_WAITERS, META_READER_WAITERS
+
+pytestmark = pytest.mark.anyio
 
 IPC = "aeron:ipc?term-length=64k"
 WINDOW = 32 * 1024
@@ -43,9 +48,9 @@ async def test_offer_async_waits_for_a_slow_reader_in_the_same_event_loop(client
     async def read() -> None:
         while len(collector.seen) < count:
             await sub.receive_async(collector.on_message, 20)
-            await trio.sleep(0.0005)  # slower than the publisher
+            await anyio.sleep(0.0005)  # slower than the publisher
 
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         nursery.start_soon(read)
         for i in range(count):
             # Were the event loop blocked while this waits, read() could never run.
@@ -79,9 +84,9 @@ async def test_offer_async_carries_its_reserved_value_through_its_waits(
     async def read() -> None:
         while len(collector.seen) < count:
             await sub.receive_async(on_message, 20)
-            await trio.sleep(0.0005)  # slower than the publisher
+            await anyio.sleep(0.0005)  # slower than the publisher
 
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         nursery.start_soon(read)
         for i in range(count):
             if i % 2:
@@ -107,9 +112,9 @@ async def test_offer_async_that_finds_credit_still_lets_other_tasks_run(client) 
         nonlocal turns
         while True:
             turns += 1
-            await trio.sleep(0)
+            await anyio.sleep(0)
 
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         nursery.start_soon(other_task)
         for _ in range(1_000):  # 128 KiB
             assert await pub.offer_async(b"c" * 96, timeout=5) > 0
@@ -133,17 +138,17 @@ async def cancel_once_parked(wait: Callable[[], Awaitable[object]],
                              waiters: Callable[[], int]) -> float:
     """Run ``wait()`` until its worker thread is parked (``waiters()`` > 0), cancel it, and
     return how long the cancelled task took to end and its thread to leave the futex."""
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         nursery.start_soon(wait)
         deadline = time.monotonic() + 5
         while waiters() == 0:
             assert time.monotonic() < deadline, "the wait never parked its worker thread"
-            await trio.sleep(0.001)
+            await anyio.sleep(0.001)
         started = time.monotonic()
         nursery.cancel_scope.cancel()
     while waiters() != 0:
         assert time.monotonic() - started < 5, "the worker thread is still parked"
-        await trio.sleep(0.001)
+        await anyio.sleep(0.001)
     return time.monotonic() - started
 
 
@@ -160,7 +165,7 @@ async def test_cancelling_a_parked_offer_returns_at_once_and_frees_its_thread(
     took = await cancel_once_parked(lambda: pub.offer_async(b"never", timeout=60),
                                     lambda: pub._log.meta_i32(META_PUBLISHER_WAITERS))
     assert took < 1.0, f"the parked offer took {took:.3f} s to end"
-    await trio.sleep(0.05)
+    await anyio.sleep(0.05)
     assert pub.position == position  # the cancelled offer appended nothing
 
 
@@ -190,7 +195,7 @@ async def test_async_for_yields_every_message_in_order(client) -> None:
     publisher = threading.Thread(target=publish)
     publisher.start()
     seen = []
-    with trio.fail_after(30):
+    with anyio.fail_after(30):
         async for data in sub.messages():
             seen.append(int.from_bytes(data[:4], "little"))
             if len(seen) == count:
@@ -205,7 +210,7 @@ async def test_an_offer_async_cancelled_before_it_waits_raises_only_if_nothing_w
     client.add_subscription(IPC, 71)
     wait_for(lambda: pub.is_connected, what="connected")
     returned = 0
-    with trio.CancelScope() as scope:
+    with anyio.CancelScope() as scope:
         scope.cancel()
         for _ in range(2 * SCHEDULE_EVERY):  # within the window: none of them waits
             await pub.offer_async(b"o" * 96, timeout=5)
@@ -222,12 +227,12 @@ async def test_an_async_for_left_early_leaves_the_rest_to_the_next_loop(client) 
     for i in range(10):
         assert pub.offer(message(i, 64)) > 0
     seen = []
-    with trio.fail_after(5):
+    with anyio.fail_after(5):
         async for data in sub.messages():  # one poll takes all ten
             seen.append(int.from_bytes(data[:4], "little"))
             break
         assert pub.offer(message(10, 64)) > 0
-        with trio.CancelScope() as scope:
+        with anyio.CancelScope() as scope:
             scope.cancel()  # it yields what it has and can poll, and stops where it would wait
             async for data in sub.messages():
                 seen.append(int.from_bytes(data[:4], "little"))
@@ -244,7 +249,7 @@ async def test_a_read_past_what_an_async_for_left_pending_is_refused(client) -> 
     for i in range(10):
         assert pub.offer(message(i, 64)) > 0
     seen = []
-    with trio.fail_after(5):
+    with anyio.fail_after(5):
         async for data in sub.messages():
             seen.append(int.from_bytes(data[:4], "little"))
             break
@@ -271,7 +276,7 @@ async def test_offer_async_is_paced_by_a_rate_limit_policy(client) -> None:
     wait_for(lambda: pub.is_connected, what="connected")
     sent = 0
     started = time.monotonic()
-    with trio.move_on_after(0.5):
+    with anyio.move_on_after(0.5):
         while True:
             assert await pub.offer_async(message(sent, 16)) > 0
             sent += 1
@@ -285,12 +290,12 @@ async def test_async_for_ends_when_the_subscription_closes(client) -> None:
     sub = client.add_subscription(IPC, 66)
 
     async def close_soon() -> None:
-        await trio.sleep(0.2)
+        await anyio.sleep(0.2)
         sub.close()
 
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         nursery.start_soon(close_soon)
-        with trio.fail_after(5):
+        with anyio.fail_after(5):
             assert [m async for m in sub.messages()] == []
 
 
@@ -301,12 +306,12 @@ async def test_a_closed_publication_raises_in_a_waiting_offer(client) -> None:
     fill_window(pub)
 
     async def close_soon() -> None:
-        await trio.sleep(0.2)
+        await anyio.sleep(0.2)
         pub.close()
 
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         nursery.start_soon(close_soon)
-        with trio.fail_after(5), pytest.raises(ClosedError):
+        with anyio.fail_after(5), pytest.raises(ClosedError):
             await pub.offer_async(b"closed", timeout=30)
 
 
@@ -328,30 +333,165 @@ async def test_tasks_waiting_on_a_driver_that_dies_raise(driver_dir: Path) -> No
             except DriverNotRunningError as e:
                 failures.append(e)
 
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             nursery.start_soon(expect_loss, lambda: pub.offer_async(b"x", timeout=60))
             nursery.start_soon(expect_loss, lambda: other.receive_async(lambda *_: None))
-            await trio.sleep(0.3)
+            await anyio.sleep(0.3)
             driver.kill()
-            with trio.fail_after(10):
+            with anyio.fail_after(10):
                 while len(failures) < 2:
-                    await trio.sleep(0.01)
+                    await anyio.sleep(0.01)
         assert len(failures) == 2
         del sub
 
 
-def test_the_async_calls_under_asyncio_say_they_need_trio_at_the_first_call(client) -> None:
-    """Not at the 64th (the first scheduling point), as they did."""
+def test_the_async_calls_outside_trio_and_asyncio_say_so_at_the_first_call(client) -> None:
+    """A coroutine driven by hand (no event loop) is refused at its first call, not at the
+    64th (the first scheduling point), and again at the next."""
+    publication = client.add_publication(IPC, 77)
+    for _ in range(2):  # and again: a caller that caught it is told again, not let through
+        offer = publication.offer_async(b"x")
+        with pytest.raises(UsageError, match="under trio or asyncio, not under no event loop"):
+            offer.send(None)
+    assert publication.position == 0
+    publication.close()
+
+
+def _parked_threads_and_fds() -> tuple[int, int]:
+    return threading.active_count(), len(os.listdir("/proc/self/fd"))
+
+
+async def test_cancelled_waits_leave_no_thread_fd_or_waiter_behind(
+        client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Twenty receives and twenty offers, each parked and then cancelled: every worker thread
+    leaves its futex (the waiters go back to 0), the loop's pool reuses them (the threads do
+    not grow with the waits) and no file descriptor is left registered."""
+    monkeypatch.setattr(aio, "PARK_SLICE_NS", 30_000_000_000)
+    pub = client.add_publication(IPC, 78)
+    sub = client.add_subscription(IPC, 78)
+    other = client.add_subscription(IPC, 79)  # nothing is published on it
+    other_pub = client.add_publication(IPC, 79)
+    wait_for(lambda: pub.is_connected and other_pub.is_connected and other.images,
+             what="connected")
+    fill_window(pub)
+    image = other.images[0]
+    # One of each first: the pool makes its threads, and anyio and trio their own state.
+    await cancel_once_parked(lambda: other.receive_async(lambda *_: None),
+                             lambda: image._log.meta_i32(META_READER_WAITERS))
+    await cancel_once_parked(lambda: pub.offer_async(b"never", timeout=60),
+                             lambda: pub._log.meta_i32(META_PUBLISHER_WAITERS))
+    threads, fds = _parked_threads_and_fds()
+    for _ in range(20):
+        await cancel_once_parked(lambda: other.receive_async(lambda *_: None),
+                                 lambda: image._log.meta_i32(META_READER_WAITERS))
+        await cancel_once_parked(lambda: pub.offer_async(b"never", timeout=60),
+                                 lambda: pub._log.meta_i32(META_PUBLISHER_WAITERS))
+    after_threads, after_fds = _parked_threads_and_fds()
+    assert after_threads <= threads + 1, f"{after_threads - threads} threads more"
+    assert after_fds == fds, f"{after_fds - fds} file descriptors more"
+    del sub
+
+
+#: asyncio's own ``Task.cancel()`` (trio has no such thing: the tests above cancel under both).
+asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
+
+
+@asyncio_only
+async def test_an_asyncio_task_cancel_ends_a_parked_offer_at_once_and_frees_its_thread(
+        client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Task.cancel()`` and ``asyncio.timeout`` (built on it) end a parked offer_async
+    within a fraction of its park slice, append nothing, and leave no thread on the futex;
+    the timeout is the TimeoutError asyncio promises (the task's cancel count is kept)."""
     import asyncio
 
-    from slipstream.client.errors import UsageError
+    monkeypatch.setattr(aio, "PARK_SLICE_NS", 30_000_000_000)
+    pub = client.add_publication(IPC, 80)
+    client.add_subscription(IPC, 80)
+    wait_for(lambda: pub.is_connected, what="connected")
+    fill_window(pub)
+    position = pub.position
+    waiters = lambda: pub._log.meta_i32(META_PUBLISHER_WAITERS)  # noqa: E731
+    task = asyncio.create_task(pub.offer_async(b"never", timeout=60))
+    while waiters() == 0:
+        await asyncio.sleep(0.001)
+    started = time.monotonic()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    took = time.monotonic() - started
+    assert took < 1.0, f"the cancelled offer took {took:.3f} s to end"
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.2):
+            await pub.offer_async(b"never", timeout=60)
+    assert 0.2 <= time.monotonic() - started < 1.2
+    assert asyncio.current_task().cancelling() == 0
+    while waiters() != 0:
+        assert time.monotonic() - started < 5, "the worker thread is still parked"
+        await asyncio.sleep(0.001)
+    assert pub.position == position
 
-    publication = client.add_publication(IPC, 77)
 
-    async def first() -> None:
-        await publication.offer_async(b"x")
+@asyncio_only
+async def test_an_asyncio_cancel_after_the_append_is_raised_at_the_next_await(
+        client) -> None:
+    """A ``Task.cancel()`` that arrives while a call that appended (or polled) is at its
+    schedule point does not undo what the call did: the call returns its position, and the
+    cancellation is raised at the task's next suspension, once."""
+    import asyncio
 
-    for _ in range(2):  # and again: a caller that caught it is told again, not let through
-        with pytest.raises(UsageError, match="run under trio"):
-            asyncio.run(first())
-    publication.close()
+    pub = client.add_publication(IPC, 81)
+    sub = client.add_subscription(IPC, 81)
+    wait_for(lambda: pub.is_connected, what="connected")
+    task = asyncio.current_task()
+    returned: list[int] = []
+    # Every SCHEDULE_EVERY-th call schedules after its append; the cancel is asked just
+    # before that one, as a task elsewhere would while this one runs.
+    for _ in range(SCHEDULE_EVERY - 1):
+        returned.append(await pub.offer_async(b"a" * 96, timeout=5))
+    task.cancel()
+    returned.append(await pub.offer_async(b"a" * 96, timeout=5))
+    assert returned[-1] == pub.position == SCHEDULE_EVERY * 128
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.sleep(0)
+    assert task.uncancel() == 0  # asked once, as the caller did
+    await asyncio.sleep(0)  # and raised once
+    got: list[int] = []
+    for _ in range(SCHEDULE_EVERY - 1):
+        assert await sub.receive_async(lambda data, _h: got.append(len(data)), 1, timeout=5)
+    task.cancel()
+    assert await sub.receive_async(lambda data, _h: got.append(len(data)), 1, timeout=5) == 1
+    assert got == [96] * SCHEDULE_EVERY
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.sleep(0)
+    assert task.uncancel() == 0
+
+
+def test_an_asyncio_run_whose_waits_were_cancelled_leaves_no_thread_behind(
+        client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker threads of asyncio's waits (anyio's) end with the loop's run: after an
+    ``asyncio.run`` whose parked receives were cancelled, the process has the threads it had
+    before (under trio they are trio's thread cache's, shared by the process)."""
+    import asyncio
+
+    monkeypatch.setattr(aio, "PARK_SLICE_NS", 30_000_000_000)
+    pub = client.add_publication(IPC, 82)
+    sub = client.add_subscription(IPC, 82)
+    wait_for(lambda: pub.is_connected and sub.images, what="connected")
+    image = sub.images[0]
+    before = threading.active_count()
+
+    async def cancel_parked_receives() -> None:
+        for _ in range(5):
+            task = asyncio.create_task(sub.receive_async(lambda *_: None))
+            while image._log.meta_i32(META_READER_WAITERS) == 0:
+                await asyncio.sleep(0.001)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        assert threading.active_count() > before  # the pool's thread, idle
+
+    asyncio.run(cancel_parked_receives())
+    wait_for(lambda: threading.active_count() == before, timeout=5,
+             what="the loop's worker threads ended")
+    assert image._log.meta_i32(META_READER_WAITERS) == 0

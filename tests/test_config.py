@@ -58,6 +58,8 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "term_buffer_sparse_file": False,  # Aeron: aeron.term.buffer.sparse.file
     "mtu_length": 1408,
     "log_buffer_memory_limit": 4 * 1024 * MiB,  # slipstream: a cap Aeron does not have
+    "log_reuse_bytes": 512 * MiB,  # slipstream: Aeron deletes a released log
+    "log_reuse_timeout": 10 * S,  # slipstream
     "ipc_mtu_length": 1408,
     "publication_term_window_length": 0,
     "ipc_publication_term_window_length": 0,

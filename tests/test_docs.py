@@ -249,7 +249,8 @@ RUN_DOCS = ("README.md", "docs/TUTORIAL.md")
 #: shows as its output.  A python block named *.py is run by the blocks that name it.
 PAGE_RUNS = {
     "first-program": ("README.md", ("first-driver",), ("first-program",)),
-    "one-host": ("docs/TUTORIAL.md", ("driver",), ("ipc-run", "back-pressure", "invoker")),
+    "one-host": ("docs/TUTORIAL.md", ("driver",),
+                 ("ipc-run", "back-pressure", "asyncio", "invoker")),
     "two-hosts": ("docs/TUTORIAL.md", ("driver-a", "driver-b"), ("udp-run", "mdc-run")),
     "spark": ("docs/TUTORIAL.md", ("driver",), ("spark",)),
 }

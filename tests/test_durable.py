@@ -10,14 +10,18 @@ import contextlib
 import os
 import random
 import signal
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import anyio
 import pytest
-import trio
 from helpers import Collector, connect, counters_of, free_port, message, run_stat, wait_for
+from test_archive import archive_process, recorded_messages, wait_for_recording
+from test_encrypted_streams import KEY_A, write_keys
 
-from slipstream.client import Client, Publication, Subscription
+from slipstream.client import BufferClaim, Client, Publication, Subscription
 from slipstream.client.errors import ChannelError, UsageError
 from slipstream.client.publication import NotDurable
 from slipstream.daemon.driver import MediaDriver
@@ -266,29 +270,123 @@ def test_a_tagged_receiver_that_went_away_stops_counting_after_its_timeout(launc
         assert publication.durable_position == positions[9]  # never goes back
 
 
-def test_wait_durable_async_under_trio(launch) -> None:
+FULL_SPEED = 2000  # messages of SIZE: 2 MiB, 32 rotations of the drivers' 64 KiB terms
+
+
+def _offer_at_full_speed(publication: Publication, count: int, *, aborted_claims: bool = False
+                         ) -> tuple[list[int], list[int]]:
+    """Offer ``count`` messages as fast as the publication takes them, reading its
+    ``durable_receivers`` after each attempt: (the positions, every count read that was not
+    1).  ``aborted_claims``: each message after a claim of the longest payload, aborted (a
+    padding frame of an MTU in mid-term, which the sender sends as its header alone)."""
+    claim = BufferClaim()
+    positions: list[int] = []
+    lost: list[int] = []
+    claimed = not aborted_claims  # before the next message
+    deadline = time.monotonic() + 60
+    while len(positions) < count:
+        assert time.monotonic() < deadline, f"{len(positions)} of {count} offered"
+        if not claimed and publication.try_claim(publication.max_payload_length, claim) > 0:
+            claim.abort()
+            claimed = True
+        result = publication.offer(message(len(positions), SIZE)) if claimed else 0
+        if result > 0:
+            positions.append(result)
+            claimed = not aborted_claims
+        if publication.durable_receivers != 1:
+            lost.append(publication.durable_receivers)
+    return positions, lost
+
+
+def test_an_archive_as_the_tagged_receiver_keeps_counting_at_full_speed(
+        launch, tmp_path: Path) -> None:
+    """A slipstream-archive process records the stream (a remote [[record]], gtag=7): it reads
+    all it has at once, so its status messages move a whole receiver window at a time, at a
+    term end past it by the padding frame the sender sent beyond its limit, and advertise the
+    window its log cleaning allows.  Offered at full speed across 32 term rotations, it counts
+    throughout, every message becomes durable, and the recording holds each."""
+    archive_driver, publisher = launch(), launch()
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    archive_dir = tmp_path / "archive"
+    config = tmp_path / "archive.toml"
+    config.write_text("\n".join([
+        f'dir = "{archive_dir}"', f'driver_dir = "{archive_driver.directory}"',
+        "control_port = 0", "[[record]]", f'channel = "{channel}|gtag=7"', "stream_id = 5",
+        'source = "remote"']) + "\n")
+    with archive_process(config, tmp_path / "archive.log"), \
+            Client.connect(publisher.directory) as client:
+        publication = client.add_publication(f"{channel}|durable=7/1", 5)
+        wait_for(lambda: publication.durable_receivers == 1, timeout=20,
+                 what="the archive's receiver counted")
+        positions, lost = _offer_at_full_speed(publication, FULL_SPEED)
+        assert publication.wait_durable(positions[-1], 10.0), \
+            publication.why_not_durable(positions[-1])
+        assert not lost, f"durable_receivers read {sorted(set(lost))} {len(lost)} times"
+        assert publication.durable_receivers == 1
+        assert positions[-1] > 30 * 65536
+        publication.close()
+        recording = wait_for_recording(archive_dir, ended=True, timeout=30)
+    recorded = recorded_messages(recording, archive_dir)
+    assert [position for _, position in recorded] == positions
+    assert all(data == message(i, SIZE) for i, (data, _) in enumerate(recorded))
+
+
+@pytest.mark.parametrize(("key", "aborted_claims"), [("", False), ("|key=k", False),
+                                                     ("", True)],
+                         ids=["plain", "sealed", "aborted-claims"])
+def test_a_subscriber_reading_all_it_has_keeps_counting_at_full_speed(
+        launch, tmp_path: Path, key: str, aborted_claims: bool) -> None:
+    """The same without an archive, plain and sealed (key=, docs/PROTOCOL.md §7.8): a tagged
+    subscriber on another driver that polls everything its image holds, on a thread of its
+    own, while the publisher offers at full speed across 32 term rotations; and with an
+    aborted claim before each message, whose padding frame stands for an MTU in mid-term."""
+    write_keys(tmp_path / "keys", "k", [(1, KEY_A)])
+    drivers = {"keys_dir": str(tmp_path / "keys")}
+    with unicast(launch, f"|durable=7/1{key}", f"|gtag=7{key}", drivers, drivers) as (
+            _, _, publication, subscription):
+        stop = threading.Event()
+        read = [0]
+
+        def consume() -> None:
+            while not stop.is_set():
+                read[0] += subscription.poll(lambda *_: None, 1 << 20)
+
+        reader = threading.Thread(target=consume, daemon=True)
+        reader.start()
+        try:
+            positions, lost = _offer_at_full_speed(publication, FULL_SPEED,
+                                                   aborted_claims=aborted_claims)
+            assert publication.wait_durable(positions[-1], 10.0), \
+                publication.why_not_durable(positions[-1])
+        finally:
+            stop.set()
+            reader.join(5)
+        assert not lost, f"durable_receivers read {sorted(set(lost))} {len(lost)} times"
+        assert read[0] == FULL_SPEED and positions[-1] > 30 * 65536
+
+
+@pytest.mark.anyio
+async def test_wait_durable_async_parks_without_blocking_the_loop(launch) -> None:
+    """Under trio and asyncio alike (tests/loops.py): the waiting task parks while the loop
+    runs another, returns True once the receivers hold the position, and False after its
+    timeout for one they never will."""
     with unicast(launch, "|durable=7/1", "|gtag=7") as (_, _, publication, subscription):
         positions = _offer(publication, 0, 30)
+        async with anyio.create_task_group() as tasks:
+            results: list[bool] = []
 
-        async def main() -> tuple[bool, bool, float]:
-            async with trio.open_nursery() as nursery:
-                results: list[bool] = []
+            async def waiter() -> None:
+                results.append(await publication.wait_durable_async(positions[-1], 5.0))
 
-                async def waiter() -> None:
-                    results.append(await publication.wait_durable_async(positions[-1], 5.0))
-
-                nursery.start_soon(waiter)
-                await trio.sleep(0.2)
-                assert not results  # parked, the loop free: this task ran
-                done = 0
-                while done < 30:
-                    done += subscription.poll(lambda *_: None, 30)
-            started = time.monotonic()
-            late = await publication.wait_durable_async(positions[-1] + 1, 0.3)
-            return results[0], late, time.monotonic() - started
-
-        reached, late, waited = trio.run(main)
-        assert reached and not late and waited >= 0.3
+            tasks.start_soon(waiter)
+            await anyio.sleep(0.2)
+            assert not results  # parked, the loop free: this task ran
+            done = 0
+            while done < 30:
+                done += subscription.poll(lambda *_: None, 30)
+        started = time.monotonic()
+        late = await publication.wait_durable_async(positions[-1] + 1, 0.3)
+        assert results == [True] and not late and time.monotonic() - started >= 0.3
 
 
 def test_durable_keys_are_refused_by_name(launch) -> None:
@@ -405,19 +503,57 @@ def test_a_receiver_that_comes_back_as_a_new_image_counts_only_from_where_it_joi
     from slipstream.daemon.streams.durable import DurablePosition
 
     source = ("10.0.0.2", 40123)
-    durable = DurablePosition(DurableSpec(7, 1), receiver_timeout_ns=1_000, start=0)
-    assert durable.on_status_message(1, source, 7, 0, False, 0, 65536)  # heard from the start
-    assert durable.on_status_message(1, source, 7, 4096, False, 1, 65536)
+    term = 131072  # an image takes up to half a term (64 KiB) past its last SM
+    durable = DurablePosition(DurableSpec(7, 1), receiver_timeout_ns=1_000, start=0,
+                              term_length=term, mtu=1408)
+    assert durable.on_status_message(1, source, 7, 0, False, 0)  # heard from the start
+    assert durable.on_status_message(1, source, 7, 4096, False, 1)
     assert durable.position == 4096
-    # Further on than its window allowed since its last SM: a new image, joined at 200k.
-    durable.on_status_message(1, source, 7, 200_000, False, 10, 65536)
+    # Further on than its image could take since its last SM: a new image, joined at 200k.
+    durable.on_status_message(1, source, 7, 200_000, False, 10)
     assert durable.position == 4096 and durable.receiver_count == 0
     # Heard again after its timeout: the same.
     durable.expire(2_000)
-    durable.on_status_message(1, source, 7, 300_000, False, 2_001, 65536)
+    durable.on_status_message(1, source, 7, 300_000, False, 2_001)
     assert durable.position == 4096 and durable.receiver_count == 0
-    # A receiver heard from the start moves it, within its window.
+    # A receiver heard from the start moves it, up to half a term at once.
     other = ("10.0.0.3", 40123)
-    assert durable.on_status_message(2, other, 7, 0, False, 2_002, 65536)
-    assert durable.on_status_message(2, other, 7, 60_000, False, 2_003, 65536)
+    assert durable.on_status_message(2, other, 7, 0, False, 2_002)
+    assert durable.on_status_message(2, other, 7, 60_000, False, 2_003)
     assert durable.position == 60_000
+    assert durable.on_status_message(2, other, 7, 60_000 + term // 2, False, 2_004)
+    assert durable.position == 60_000 + term // 2 and durable.receiver_count == 1
+
+
+def test_an_image_that_read_through_a_padding_frame_past_half_a_term_still_counts() -> None:
+    """A sender sends a padding frame whose header fits under its limit as its header alone,
+    though it stands for its whole length (the rest of a term, or an aborted claim), and a
+    receiver takes it if the header ends within its over-run bound (half a term past its last
+    SM).  So a receiver that reads all it has (an archive) reports up to the end of such a
+    padding: the same image.  A position further on is a new image's."""
+    from slipstream.client.channel import DurableSpec
+    from slipstream.client.layout import max_message_length
+    from slipstream.daemon.streams.durable import DurablePosition
+
+    term, mtu, half = 65536, 1408, 32768
+    # The longest padding: a term's rest that the longest message (8 KiB in six fragments,
+    # each with its 32-byte header) did not fit in, 32 bytes less than the message.
+    fragments = -(-max_message_length(term) // (mtu - 32))
+    longest_padding = max_message_length(term) + 32 * fragments - 32
+    assert longest_padding > mtu  # longer than an aborted claim's
+    source = ("10.0.0.2", 40123)
+    for last, position, same in [
+            (32736, 65536, True),  # a padding of 64 bytes from 65472 (the limit 65504)
+            (32000, 32000 + half - 32 + mtu, True),  # an aborted claim's, in mid-term
+            # The longest padding, its header right under the bound; 32 bytes further: not.
+            (2 * term - longest_padding - half + 32, 2 * term, True),
+            (2 * term - longest_padding - half, 2 * term, False),
+            (32768, 32768 + half, True),  # half a term of frames
+            (32768, 2 * term, False),  # far past the bound
+            (0, 300_000, False)]:
+        durable = DurablePosition(DurableSpec(7, 1), receiver_timeout_ns=10**9, start=last,
+                                  term_length=term, mtu=mtu)
+        durable.on_status_message(1, source, 7, last, False, 1)  # heard from the start
+        durable.on_status_message(1, source, 7, position, False, 2)
+        assert durable.receiver_count == int(same), (last, position)
+        assert durable.position == (position if same else last), (last, position)

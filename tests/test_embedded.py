@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
-import trio
 from helpers import NETWORK_SETTINGS, counters_of, free_port, lacking, message
 
 from slipstream.client import Client, ClosedError, ConfigurationError, DriverNotRunningError
@@ -680,6 +680,7 @@ def test_a_rate_limited_offer_runs_the_embedded_driver_while_it_paces(embedded) 
                   len(got) == 2, driver, what="both messages")
 
 
+@pytest.mark.anyio  # under trio and asyncio (tests/loops.py)
 async def test_offer_async_under_rate_limit_runs_the_embedded_driver_while_it_paces(
         embedded) -> None:
     driver = embedded(driver_timeout="800ms", timer_interval="1s",
@@ -695,10 +696,10 @@ async def test_offer_async_under_rate_limit_runs_the_embedded_driver_while_it_pa
                 beat = client.counters.driver_heartbeat_ns
                 if not beats or beat != beats[-1]:
                     beats.append(beat)
-                await trio.sleep(0.005)
+                await anyio.sleep(0.005)
 
         assert await pub.offer_async(b"first") > 0
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             nursery.start_soon(watch)
             assert await pub.offer_async(b"second") > 0  # a second's pacing
             nursery.cancel_scope.cancel()

@@ -30,7 +30,13 @@ from helpers import (
 
 from slipstream.client import ChannelError, ChannelRejectedError, Client
 from slipstream.client.frames import ErrorFrame, Nak, StatusMessage
-from slipstream.client.layout import FLAGS_FIELD, HDR_TYPE_EXT, SEALED_OVERHEAD
+from slipstream.client.layout import (
+    EXT_TYPE_HANDSHAKE_ANSWER,
+    EXT_TYPE_SEALED,
+    FLAGS_FIELD,
+    HDR_TYPE_EXT,
+    SEALED_OVERHEAD,
+)
 from slipstream.daemon.media.sealing import Sealing
 
 KEY_A = bytes(range(32))
@@ -147,16 +153,18 @@ def sniffer() -> Iterator:
 
 def test_tampered_truncated_and_replayed_datagrams_change_nothing_and_are_counted(
         hosts, sniffer) -> None:
-    """Between the drivers, every datagram also arrives again at once (a replay), every
-    7th after a copy with a bit flipped in its ciphertext, its clear header or its tag,
+    """Between the drivers, every sealed datagram also arrives again at once (a replay),
+    every 7th after a copy with a bit flipped in its ciphertext, its clear header or its tag,
     every 11th after a copy cut short; after the stream, everything captured arrives
     again.  The subscriber gets every message once, in order, and counts each forgery and
-    each replay."""
+    each replay: a changed sender id names a sender it has no session with."""
     port = free_port()
     rng = random.Random(59)
-    forged = {"auth": 0, "replays": 0}
+    forged = {"auth": 0, "replays": 0, "no-session": 0}
 
     def mangle(data: bytes) -> list[bytes]:
+        if int.from_bytes(data[12:14], "little") != EXT_TYPE_SEALED:
+            return [data]  # the handshake: its own tests mangle it
         # Forgeries ahead of the datagram they copy: after it, its counter is one the window
         # saw, and the copy a replay before it is a forgery.
         out = []
@@ -166,10 +174,11 @@ def test_tampered_truncated_and_replayed_datagrams_change_nothing_and_are_counte
             # The sender id's random half, the ciphertext or the tag (a changed counter may
             # name one the window saw, and a changed time half of the sender id an id past
             # its lifetime: replay drops, not a forgery's).
-            changed[rng.choice([rng.randrange(16, 20), rng.randrange(32, len(data)),
-                                len(data) - 1])] ^= 1 << rng.randrange(8)
+            at = rng.choice([rng.randrange(16, 20), rng.randrange(32, len(data)),
+                             len(data) - 1])
+            changed[at] ^= 1 << rng.randrange(8)
             out.append(bytes(changed))
-            forged["auth"] += 1
+            forged["no-session" if at < 20 else "auth"] += 1
         if rng.random() < 1 / 11:
             out.append(data[:rng.randrange(SEALED_OVERHEAD, len(data))])
             forged["auth"] += 1
@@ -188,6 +197,7 @@ def test_tampered_truncated_and_replayed_datagrams_change_nothing_and_are_counte
         stream(publication, [collector], 5_000, lambda i: 100 + i % 1200, timeout=60)
         captured = list(relay.captured)
         assert all(int.from_bytes(d[6:8], "little") == HDR_TYPE_EXT for d in captured)
+        captured = [d for d in captured if int.from_bytes(d[12:14], "little") == EXT_TYPE_SEALED]
         relay.replay(captured)
         # Each copy is a replay (one lost to a full socket buffer would have opened in its
         # original's place), and so is every captured datagram again.
@@ -198,7 +208,72 @@ def test_tampered_truncated_and_replayed_datagrams_change_nothing_and_are_counte
         collector.assert_exactly(5_000)
     counted = drops(b)
     assert 0.95 * forged["auth"] <= counted["CRYPTO_AUTH_DROPS"] <= forged["auth"]
+    assert counters_of(b)["CRYPTO_AWAITING_HANDSHAKE_DROPS"] >= 0.95 * forged["no-session"]
     assert counted["CRYPTO_PLAIN_DROPS"] == counted["CRYPTO_UNKNOWN_KEY_DROPS"] == 0
+
+
+def test_a_lost_and_a_repeated_handshake_answer_still_connect_and_lose_nothing(
+        hosts, sniffer) -> None:
+    """Between the drivers, the publisher's first two answers to the subscriber's INITs are
+    lost and every later one arrives twice: the subscriber asks again until one arrives (the
+    same answer), the second copy matches nothing (counted), and the stream carries every
+    message once with no datagram refused but those before its session."""
+    port = free_port()
+    answers = {"seen": 0}
+
+    def mangle(data: bytes) -> list[bytes]:
+        if int.from_bytes(data[12:14], "little") != EXT_TYPE_HANDSHAKE_ANSWER:
+            return [data]
+        answers["seen"] += 1
+        return [] if answers["seen"] <= 2 else [data, data]
+
+    relay = sniffer(port, mangle)
+    a, _ = hosts("a")
+    b, _ = hosts("b")
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        subscription = cb.add_subscription(
+            f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=64k|key=k", 12)
+        publication = ca.add_publication(
+            f"aeron:udp?endpoint=127.0.0.1:{relay.port}|term-length=64k|key=k", 12)
+        connect(publication, subscription)
+        collector = Collector(subscription)
+        stream(publication, [collector], 3_000, lambda i: 100 + i % 1200, timeout=60)
+        collector.assert_exactly(3_000)
+    assert answers["seen"] >= 3
+    counted = counters_of(b)
+    assert counted["CRYPTO_HANDSHAKES"] >= 1
+    assert counted["CRYPTO_HANDSHAKE_UNMATCHED_DROPS"] >= 1
+    assert drops(a) == drops(b) == dict.fromkeys(DROPS, 0)
+
+
+def test_a_restarted_subscriber_driver_gets_a_new_session_and_the_stream_goes_on(
+        hosts) -> None:
+    """The subscriber's driver stops mid-stream and another starts on its port: it hears the
+    live publication, asks for a session (its own exchange, which begins past everything
+    sent before), joins, and gets every message offered from then on, once, in order."""
+    port = free_port()
+    uri = f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=64k|key=k"
+    a, _ = hosts("a")
+    b, _ = hosts("b")
+    with Client.connect(a.directory) as ca:
+        publication = ca.add_publication(uri, 13)
+        with Client.connect(b.directory) as cb:
+            subscription = cb.add_subscription(uri, 13)
+            connect(publication, subscription)
+            collector = Collector(subscription)
+            stream(publication, [collector], 2_000, lambda i: 300)
+            collector.assert_exactly(2_000)
+        b.stop()
+        wait_for(lambda: not publication.is_connected, timeout=10, what="the subscriber gone")
+        restarted, _ = hosts("b2")
+        with Client.connect(restarted.directory) as cb:
+            subscription = cb.add_subscription(uri, 13)
+            connect(publication, subscription)
+            collector = Collector(subscription)
+            stream(publication, [collector], 2_000, lambda i: 300, first=2_000)
+            collector.assert_exactly(2_000, first=2_000)
+        assert counters_of(a)["CRYPTO_HANDSHAKES"] >= 2  # one exchange with each driver
+        assert drops(restarted) == dict.fromkeys(DROPS, 0)
 
 
 def test_a_plain_peer_is_refused_both_ways_with_named_counted_reasons(hosts, launch) -> None:
@@ -221,22 +296,29 @@ def test_a_plain_peer_is_refused_both_ways_with_named_counted_reasons(hosts, lau
         assert not subscription.images and not publication.is_connected
 
 
-@pytest.mark.parametrize("keys, reason", [([(1, KEY_B)], "CRYPTO_AUTH_DROPS"),
-                                          ([(2, KEY_A)], "CRYPTO_UNKNOWN_KEY_DROPS")])
+@pytest.mark.parametrize("keys, reasons", [
+    ([(1, KEY_B)], {"a": "CRYPTO_HANDSHAKE_FAILED_DROPS", "b": "CRYPTO_AWAITING_HANDSHAKE_DROPS"}),
+    ([(2, KEY_A)], {"b": "CRYPTO_UNKNOWN_KEY_DROPS"})])
 def test_a_peer_with_another_key_is_refused_with_a_named_counted_reason(
-        hosts, keys, reason) -> None:
-    """The same key id with other key bytes fails to open (AUTH); another id is a key the
-    endpoint does not hold (UNKNOWN_KEY).  Either way no image and no connection."""
+        hosts, keys, reasons) -> None:
+    """The same key id with other key bytes: the subscriber's handshake fails at the
+    publisher (its INIT is not made with the publisher's key), and the subscriber opens
+    nothing without one; another id is a key the endpoint does not hold (UNKNOWN_KEY).
+    Either way no image and no connection."""
     a, _ = hosts("a")
     b, _ = hosts("b", keys)
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}|key=k"
+    drivers = {"a": a, "b": b}
     with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
         subscription = cb.add_subscription(uri, 14)
         publication = ca.add_publication(uri, 14)
-        wait_for(lambda: drops(b)[reason] >= 3, what=reason)
+        for name, reason in reasons.items():
+            wait_for(lambda: counters_of(drivers[name])[reason] >= 3,  # noqa: B023
+                     what=f"{reason} at {name}")
         time.sleep(0.3)
         assert not subscription.images and not publication.is_connected
         assert drops(a)["CRYPTO_PLAIN_DROPS"] == 0
+        assert counters_of(a)["CRYPTO_HANDSHAKES"] == counters_of(b)["CRYPTO_HANDSHAKES"] == 0
 
 
 def test_a_channel_that_mixes_plain_and_encrypted_on_one_endpoint_is_refused(

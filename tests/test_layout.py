@@ -43,7 +43,8 @@ C_ONLY = {
     # network.h: the addresses a publication's C half takes NAKs and SMs from (PROTOCOL §5.7)
     "CONTROL_SOURCES_MAX", "CONTROL_SOURCE_LENGTH", "CONTROL_SOURCES_UNKNOWN",
     # network.h: ss_crypto_open's verdict and its sender ids' lifetime (PROTOCOL §7.8)
-    "OPEN_SENDERS_FULL", "CRYPTO_SENDER_ID_LIFETIME_S", "CRYPTO_CLOCK_SKEW_S",
+    "OPEN_SENDERS_FULL", "OPEN_AWAITING_HANDSHAKE", "OPEN_HANDSHAKE", "OPEN_HANDSHAKE_REFUSED",
+    "CRYPTO_SENDER_ID_LIFETIME_S", "CRYPTO_CLOCK_SKEW_S",
     "CRYPTO_SENDER_ID_MAX_AGE_S", "CRYPTO_KEY_LENGTH", "CRYPTO_KEYS_MAX",  # sealing.py's
 }
 

@@ -17,6 +17,7 @@ from slipstream.client.channel import parse_channel
 from slipstream.client.errors import ChannelError
 from slipstream.client.frames import Sealed, decode
 from slipstream.client.layout import (
+    HANDSHAKE_INIT_LENGTH,
     SEALED_COUNTER_FIELD,
     SEALED_EPOCH_BITS,
     SEALED_HEADER,
@@ -26,6 +27,7 @@ from slipstream.client.layout import (
 )
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.media.sealing import KeyFileError, KeyRing, Sealing, read_key_file
+from slipstream.daemon.protocol.types import sockaddr
 
 KEY_A = bytes(range(32))
 KEY_B = bytes(range(100, 132))
@@ -33,11 +35,37 @@ KEY_B = bytes(range(100, 132))
 WINDOW = 4096 - 64
 
 
+#: Two endpoints' addresses, as a datagram's source.
+HOST_A = sockaddr(("10.0.0.1", 40001))
+HOST_B = sockaddr(("10.0.0.2", 40002))
+
+
+def shake(sender: Sealing, receiver: Sealing, at: bytes = HOST_A) -> None:
+    """The handshake two endpoints exchange when ``receiver`` (at HOST_B) first hears
+    ``sender`` (at ``at``): its first datagram is not opened, the exchange runs to its end."""
+    assert receiver.open(sender.seal(b""), at) == network.SS_OPEN_AWAITING_HANDSHAKE
+    pump(sender, receiver, at)
+
+
+def pump(a: Sealing, b: Sealing, at: bytes = HOST_A) -> None:
+    """Every handshake datagram either endpoint (``a`` at ``at``, ``b`` at HOST_B) sends,
+    delivered, until neither has more."""
+    moved = True
+    while moved:
+        moved = False
+        for source, address, target in ((a, at, b), (b, HOST_B, a)):
+            for datagram, _ in source.take_handshakes():
+                target.open(datagram, address)
+                moved = True
+
+
 def pair(sender_keys: list[tuple[int, bytes]], receiver_keys: list[tuple[int, bytes]]
          ) -> tuple[Sealing, Sealing]:
+    """Two endpoints with these keys that exchanged a handshake."""
     sender, receiver = Sealing("test", None), Sealing("test", None)
     sender.set_keys(sender_keys)
     receiver.set_keys(receiver_keys)
+    shake(sender, receiver)
     return sender, receiver
 
 
@@ -69,9 +97,12 @@ def test_any_change_to_a_sealed_datagram_makes_it_fail_to_open(plain: bytes, dat
         sealed += data.draw(st.binary(min_size=1, max_size=64))
     else:
         del sealed[:data.draw(st.integers(1, len(sealed)))]
-    # (A changed sender id may also read as one past its lifetime: a replay.)
+    # (A changed sender id may also read as one past its lifetime, a replay, or as one with no
+    # session; a changed type byte as a handshake datagram, refused.)
     assert receiver.open(bytes(sealed)) in (network.SS_OPEN_PLAIN, network.SS_OPEN_FAILED,
-                                            network.SS_OPEN_UNKNOWN_KEY, network.SS_OPEN_REPLAY)
+                                            network.SS_OPEN_UNKNOWN_KEY, network.SS_OPEN_REPLAY,
+                                            network.SS_OPEN_AWAITING_HANDSHAKE,
+                                            network.SS_OPEN_HANDSHAKE_REFUSED)
 
 
 @pytest.mark.parametrize(("seconds_ago", "opens"), [
@@ -79,12 +110,11 @@ def test_any_change_to_a_sealed_datagram_makes_it_fail_to_open(plain: bytes, dat
     (network.SS_CRYPTO_SENDER_ID_MAX_AGE_S + 5, False),  # a recording: no sender uses it now
     (-network.SS_CRYPTO_CLOCK_SKEW_S - 5, False),  # from a clock too far ahead
 ])
-def test_a_sender_id_past_its_lifetime_never_opens_even_at_an_endpoint_that_never_saw_it(
+def test_a_sender_id_past_its_lifetime_never_opens_even_at_an_endpoint_with_its_session(
         seconds_ago: int, opens: bool) -> None:
-    """Freshness without a handshake: a sender id carries the second it was drawn, senders
-    draw a new one each lifetime, and every endpoint refuses an id older than that (plus the
-    clock skew allowed): a recording replayed to an endpoint opened since (a restarted
-    driver) is refused, not opened once more."""
+    """Freshness: a sender id carries the second it was drawn, senders draw a new one each
+    lifetime, and every endpoint refuses an id older than that (plus the clock skew allowed),
+    before it looks for a session: a recording of it is refused everywhere."""
     sender, receiver = pair([(1, KEY_A)], [(1, KEY_A)])
     sealed = sender.seal(b"x" * 40)
     network.ss_crypto_set_clock_offset(receiver.c, seconds_ago)  # it arrives that much later
@@ -96,8 +126,9 @@ def test_a_sender_id_past_its_lifetime_never_opens_even_at_an_endpoint_that_neve
 
 
 def test_a_sender_draws_a_new_id_once_its_own_is_past_its_lifetime() -> None:
-    """A sender id older than its lifetime gives way to a new one at the next seal (its
-    counter from 0), which the receiver takes as a new sender."""
+    """A sender id older than its lifetime gives way to the next one at the next seal (its
+    counter from 0), drawn ahead: a receiver holds it from the handshake and opens it at
+    once."""
     sender, receiver = pair([(1, KEY_A)], [(1, KEY_A)])
     first = sender.seal(b"y" * 16)
     second = sender.seal(b"y" * 16)
@@ -112,14 +143,15 @@ def test_a_sender_draws_a_new_id_once_its_own_is_past_its_lifetime() -> None:
     def counter(sealed: bytes) -> int:
         return int.from_bytes(sealed[SEALED_COUNTER_FIELD:SEALED_COUNTER_FIELD + 8], "little")
 
-    assert sender_id(first) == sender_id(second) and (counter(first), counter(second)) == (0, 1)
+    # (Counter 0 went in the handshake.)
+    assert sender_id(first) == sender_id(second) and (counter(first), counter(second)) == (1, 2)
     assert sender_id(third) != sender_id(first) and counter(third) == 0
     assert (sender_id(third) >> 32) - (sender_id(first) >> 32) in (lifetime, lifetime + 1)
     assert receiver.open(third) == b"y" * 16
     assert receiver.open(first) == b"y" * 16  # still within its id's age, and unseen
 
 
-@given(st.permutations(list(range(64))), st.integers(0, 2**62))
+@given(st.permutations(list(range(64))), st.integers(1, 2**62))
 def test_the_window_opens_each_counter_once_in_any_order(order: list[int], base: int) -> None:
     """Datagrams reordered within the window each open once; every repeat is a replay."""
     sender, receiver = pair([(1, KEY_A)], [(1, KEY_A)])
@@ -156,20 +188,30 @@ def test_a_sender_crosses_an_epoch_and_its_datagrams_still_open() -> None:
 
 
 def test_a_receiver_holding_two_keys_opens_either_and_refuses_a_third() -> None:
+    """Mid-rotation: the receiver seals (and starts handshakes) with the new key; one peer
+    still seals with the old one, another holds only the new one."""
     receiver = Sealing("test", None)
     receiver.set_keys([(2, KEY_B), (1, KEY_A)])
     old, new, other = Sealing("t", None), Sealing("t", None), Sealing("t", None)
-    old.set_keys([(1, KEY_A)])
+    old.set_keys([(1, KEY_A), (2, KEY_B)])
     new.set_keys([(2, KEY_B)])
     other.set_keys([(3, KEY_A)])
+    shake(old, receiver)
+    shake(new, receiver, sockaddr(("10.0.0.3", 40003)))
     assert receiver.open(old.seal(b"a")) == b"a"
     assert receiver.open(new.seal(b"b")) == b"b"
     assert receiver.open(other.seal(b"c")) == network.SS_OPEN_UNKNOWN_KEY
 
 
-def test_the_same_key_id_with_other_key_bytes_fails_to_open() -> None:
+def test_the_same_key_id_with_other_key_bytes_gets_no_session_and_never_opens() -> None:
+    """The handshake fails at the peer (its INIT's tag), so no datagram of it opens."""
     sender, receiver = pair([(1, KEY_B)], [(1, KEY_A)])
-    assert receiver.open(sender.seal(b"forged")) == network.SS_OPEN_FAILED
+    assert receiver.open(sender.seal(b"forged"), HOST_A) == network.SS_OPEN_AWAITING_HANDSHAKE
+    init = receiver.take_handshakes()
+    assert [len(d) for d, _ in init] == [HANDSHAKE_INIT_LENGTH] or init == []
+    for datagram, _ in init:
+        assert sender.open(datagram, HOST_B) == network.SS_OPEN_HANDSHAKE_REFUSED
+    assert sender.take_handshakes() == []
 
 
 def test_a_plain_frame_at_an_encrypted_endpoint_is_a_plain_drop() -> None:
@@ -195,6 +237,7 @@ def test_a_restarted_sender_has_a_new_id_so_its_counters_start_again_safely() ->
     first, receiver = pair([(1, KEY_A)], [(1, KEY_A)])
     second = Sealing("test", None)
     second.set_keys([(1, KEY_A)])
+    shake(second, receiver, sockaddr(("10.0.0.3", 40003)))
     a, b = first.seal(b"x"), second.seal(b"x")
     id_a = SEALED_HEADER.unpack_from(a)[7]
     id_b = SEALED_HEADER.unpack_from(b)[7]
@@ -274,7 +317,8 @@ def test_the_ring_hands_a_changed_file_to_its_endpoints_and_keeps_keys_when_it_g
     ring = KeyRing(str(tmp_path), None)
     endpoint = ring.sealing_for("aeron:udp?endpoint=x:1|key=k", "k")
     peer = Sealing("k", None)
-    peer.set_keys([(2, KEY_B), (1, KEY_A)])
+    peer.set_keys([(1, KEY_A), (2, KEY_B)])  # rotation's first step: the new key accepted
+    shake(endpoint, peer)
     assert peer.open(endpoint.seal(b"a")) == b"a"
     assert ring.reload() == 0  # unchanged
     path = key_file(tmp_path, "k", [f"2 {KEY_B.hex()}", f"1 {KEY_A.hex()}"])

@@ -551,3 +551,30 @@ def test_the_lag_counts_what_the_archives_hold_of_the_sessions_they_catch_up(
                                other: {"messages": len(gone), "bytes": behind[other]}}
     assert lag["estimated"] is False
     assert lag["maxOffsetsBehindLatest"] == max(total - 500, len(gone))
+
+
+@pytest.mark.parametrize(("given", "call_key"), [
+    ({"channel": "aeron:udp?endpoint=10.0.0.2:40123|key=k1"}, "k1"),
+    ({"channel": "aeron:udp?endpoint=10.0.0.2:40123|key=k1", "archiveKey": "k1"}, "k1"),
+    ({"channel": "aeron:udp?endpoint=10.0.0.2:40123", "archiveKey": "k2"}, "k2"),
+    ({"channel": "aeron:udp?endpoint=10.0.0.2:40123"}, None),
+])
+def test_the_calls_key_is_the_streams_or_archive_key_for_a_plain_stream(
+        given: dict[str, str], call_key: str | None) -> None:
+    """The archives' and holder's calls are sealed under a keyed stream's key (its
+    recordings are answered under no other); a plain stream's under archiveKey, if given."""
+    assert parse_options({"streamId": str(STREAM), "archive": "10.0.0.3:8012",
+                          **given}).call_key == call_key
+
+
+@pytest.mark.parametrize(("given", "said"), [
+    ({"channel": "aeron:udp?endpoint=10.0.0.2:40123|key=k1", "archiveKey": "k2"},
+     "the stream is of key=k1"),
+    ({"archiveKey": "a/b"}, "is not a key name"),
+])
+def test_an_archive_key_the_archive_would_refuse_is_refused_naming_archive_key(
+        given: dict[str, str], said: str) -> None:
+    from slipstream.spark_bridge.options import OptionError
+
+    with pytest.raises(OptionError, match=f"'archiveKey'.*{said}"):
+        parse_options({"streamId": str(STREAM), **given})

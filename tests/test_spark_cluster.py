@@ -1136,3 +1136,100 @@ def test_a_kafka_pipeline_reads_keys_and_headers_of_two_streams_from_a_time_olde
     # The recordings ended with their sessions' end-of-stream marks, and were read from.
     assert {s for s, _, _ in stopped} == set(KAFKA_STREAMS), stopped
     assert "replay " in (tmp_path / "archive.log").read_text()
+
+
+# -- a keyed stream, read through an archive whose calls are keyed ----------------------------
+
+#: Host 4: publishes ``count`` messages on the keyed stream, then waits for ``stopped``.
+KEYED_PUBLISHER = """
+import os, sys, time
+from slipstream.client import Client
+
+data, count, size, work = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+with Client.connect() as client:
+    publication = client.add_exclusive_publication(data, 10)
+    deadline = time.monotonic() + 300
+    while not publication.is_connected:
+        assert time.monotonic() < deadline, "no subscriber came"
+        time.sleep(0.05)
+    for i in range(count):
+        message = f"k{i:08d}".encode().ljust(size, b".")
+        while publication.offer(message) < 0:
+            assert time.monotonic() < deadline, "held back for good"
+            time.sleep(0.0002)
+    while not os.path.exists(os.path.join(work, "stopped")):
+        assert time.monotonic() < deadline + 300, "the query never stopped"
+        time.sleep(0.1)
+"""
+
+
+@pytest.mark.timeout(900)
+def test_a_keyed_stream_is_read_once_through_keyed_calls_and_a_host_without_the_key_gets_nothing(
+        cluster, tmp_path) -> None:
+    """Hosts 2, 3 and 4 hold key k1, host 1 none.  Host 4 publishes on ``key=k1`` to its own
+    endpoint, where its archive holds the stream for the query's group and takes calls on a
+    plain endpoint and, at the holder port, one keyed k1.  The query (client mode, beside the
+    holder, its read tasks on hosts 2 and 3) reads every message once: its calls and the
+    replays to its tasks are sealed under k1 (the channel's key).  Host 1, with its own
+    driver and no key, calls the archive as any caller does: every call about the stream is
+    refused, and nothing of it reaches host 1."""
+    from test_encrypted_streams import KEY_A, write_keys
+
+    from slipstream.archive.control import UNAUTHORIZED
+
+    hosts, spark, drivers = cluster
+    keys = tmp_path / "keys"
+    write_keys(keys, "k1", [(1, KEY_A)])
+    for i in (2, 3, 4):  # again, with the key
+        drivers[i].stop()
+        drivers[i] = hosts.start_driver(i, client_liveness_timeout="5s", keys_dir=str(keys))
+    try:
+        data = f"aeron:udp?endpoint={hosts[4].address}:{DATA_PORT}|key=k1"
+        plain_port = HOLDER_PORT + 2
+        archive_dir = tmp_path / "keyed-archive"
+        archive_dir.mkdir()
+        config = archive_dir / "archive.toml"
+        config.write_text("\n".join([
+            f"dir = {json.dumps(str(archive_dir))}", 'driver_dir = ""',
+            f'control_address = "{hosts[4].address}"', f"control_port = {plain_port}",
+            f"control_keys = {{ k1 = {HOLDER_PORT} }}",
+            "[[hold]]", f"channel = {json.dumps(data)}", "stream_id = 10"]) + "\n")
+        holder = hosts[4].popen(str(Path(sys.executable).parent / "slipstream-archive"), "run",
+                                "--config", str(config), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        count = MESSAGES // 2
+        publisher = hosts[4].popen(sys.executable, "-c", KEYED_PUBLISHER, data, str(count),
+                                   str(PAYLOAD), str(tmp_path), stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+        try:
+            run = spark.run_app(INGEST_QUERY, data, hosts[4].address, str(count),
+                                str(tmp_path), "k", "true", host=4,
+                                conf=ONE_EXECUTOR_PER_WORKER, timeout=600)
+            query = run.result()
+            outsider = hosts[1].run(
+                sys.executable, str(Path(__file__).with_name("archive_outsider.py")),
+                str(drivers[1].directory), hosts[4].address, str(plain_port),
+                str(HOLDER_PORT), "10", data, "10", timeout=120)
+        finally:
+            (tmp_path / "stopped").touch()
+            try:
+                published, errors = publisher.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                publisher.kill()
+                published, errors = publisher.communicate()
+            holder.terminate()
+            holder_log, _ = holder.communicate(timeout=30)
+        assert publisher.returncode == 0, (published, errors)
+        assert query["distinct"] == query["rows"] == count, query
+        seen = json.loads(outsider.stdout.strip().splitlines()[-1])
+        assert seen["received"] == 0, seen
+        assert seen["list"] == {"status": "ok", "result": "[]"}, seen
+        for op in ("state", "ended", "release", "held_view", "replay_held"):
+            assert seen[op]["reason"] == UNAUTHORIZED and \
+                seen[op]["cause"] == "call-without-key", (op, seen[op])
+        assert "did not take the call" in seen["keyed_port_in_plain"]["message"], seen
+        assert "holding stream 10" in holder_log, holder_log
+    finally:
+        for i in (2, 3, 4):
+            with contextlib.suppress(Exception):
+                drivers[i].stop()

@@ -12,7 +12,11 @@ its own, makes them on its conductor's thread one per cycle instead (:class:`Log
 that each of its application's calls makes at most one.  Unmapping and deleting a log costs
 as much (about 0.1 s for 3 x 128 MiB): the worker does that too (:meth:`ImageLogMaker.discard`), and
 hands back the caller's ``gone`` callback to run on its thread once the file is deleted (so
-that memory counts as used for as long as its file exists).
+that memory counts as used for as long as its file exists).  With a :class:`LogPool`, a
+discarded log's file is kept for a later log of the same length instead of deleted (zeroed
+there, on the worker), a new log takes one kept, and the worker deletes those kept too long;
+the network publications' logs are discarded here too, so that no log is zeroed or deleted
+on the conductor's thread.
 
 The conductor reserves a log's memory in its budget before it submits it and gives it back
 for every log that fails or is still queued at :meth:`ImageLogMaker.close`, and for every
@@ -26,6 +30,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +40,7 @@ import attrs
 
 from slipstream.client._native import lib as native
 from slipstream.client.logbuffer import LogBuffer
+from slipstream.daemon.conductor.log_pool import LogPool
 from slipstream.daemon.conductor.resources import discard_file, make_log_file
 
 log = logging.getLogger("slipstream.driver")
@@ -68,10 +74,15 @@ class LogMaking(enum.Enum):
 
 class ImageLogMaker:
     """Makes :class:`LogJob` logs and deletes discarded ones, as ``making`` says; see the
-    module docstring.  ``wake`` is called (from the worker) when a log is done or gone."""
+    module docstring.  ``wake`` is called (from the worker) when a log is done or gone;
+    ``pool`` keeps discarded logs' files for new logs (None: every one is deleted)."""
 
-    def __init__(self, *, making: LogMaking, wake: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, *, making: LogMaking, wake: Callable[[], None] = lambda: None,
+                 pool: LogPool | None = None) -> None:
         self.making = making
+        self.pool = pool
+        if pool is not None:
+            pool.wake = self._wake_for_pool
         self._wake = wake
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
@@ -87,12 +98,14 @@ class ImageLogMaker:
         """Whether a log is done (made or failed, or deleted) and not taken yet, or, when
         deferred, one waits for a :meth:`step`."""
         return bool(self._done or self._gone or (
-            self.making is LogMaking.DEFERRED and (self._queued or self._discards)))
+            self.making is LogMaking.DEFERRED and (
+                self._queued or self._discards
+                or (self.pool is not None and self.pool.is_due()))))
 
     def submit(self, job: LogJob) -> None:
         """Make ``job``'s log: now (inline), else queued for the worker or the next steps."""
         if self.making is LogMaking.INLINE:
-            _make(job)
+            _make(job, self.pool)
             self._done.append(job)
             return
         with self._lock:
@@ -111,16 +124,19 @@ class ImageLogMaker:
                 self._discards.append((log_buffer, gone))
                 self._start()
         if now:
-            _discard(log_buffer)
+            _discard(log_buffer, self.pool)
             gone()
 
     def step(self) -> None:
-        """Deferred: make or delete one log (a deletion first), on this thread."""
+        """Deferred: make or delete one log (a deletion first), else delete the pool's
+        files kept too long, on this thread."""
         if self.making is LogMaking.DEFERRED:
             with self._lock:
                 unit = self._next_unit()
             if unit is not None:
                 self._do(unit)
+            elif self.pool is not None:
+                self.pool.settle()
 
     def take_done(self) -> list[LogJob]:
         """The jobs done since the last call, in the order they finished."""
@@ -147,9 +163,11 @@ class ImageLogMaker:
             thread = self._thread
         if thread is not None:
             thread.join()
+        if self.pool is not None:
+            self.pool.close()
         while self._discards:
             log_buffer, gone = self._discards.popleft()
-            _discard(log_buffer)
+            _discard(log_buffer, self.pool)
             self._gone.append(gone)
         return self.take_done() + unmade
 
@@ -173,11 +191,11 @@ class ImageLogMaker:
 
     def _do(self, unit: tuple[LogBuffer, Callable[[], None]] | LogJob) -> None:
         if isinstance(unit, LogJob):
-            _make(unit)
+            _make(unit, self.pool)
             with self._lock:
                 self._done.append(unit)
         else:
-            _discard(unit[0])
+            _discard(unit[0], self.pool)
             with self._lock:
                 self._gone.append(unit[1])
         if self.making is LogMaking.THREADED:
@@ -191,22 +209,61 @@ class ImageLogMaker:
         while True:
             with self._lock:
                 while not self._queued and not self._discards and not self._closing:
-                    self._work.wait()
+                    if self.pool is not None and self.pool.is_due():
+                        self._lock.release()  # the pool deletes without holding the queue
+                        try:
+                            self._settle_pool()
+                        finally:
+                            self._lock.acquire()
+                        continue
+                    self._work.wait(self._pool_wait_s())
                 unit = self._next_unit()
                 if unit is None:
                     return  # closing: close() discards what is left
             self._do(unit)
 
+    def _wake_for_pool(self) -> None:
+        """The pool holds more than it may (:meth:`LogPool.set_room`): it settles on the
+        worker (threaded), at the next step (deferred), or now (inline)."""
+        assert self.pool is not None
+        if self.making is LogMaking.INLINE:
+            self.pool.settle()
+            return
+        with self._lock:
+            if self.making is LogMaking.THREADED and not self._closing:
+                self._start()
 
-def _discard(log_buffer: LogBuffer) -> None:
+    def _settle_pool(self) -> None:
+        """(The worker, idle.)  :meth:`LogPool.settle`, and the conductor woken when it
+        changed what the pool holds (it shows that in the system counters)."""
+        assert self.pool is not None
+        changes = self.pool.changes
+        try:
+            self.pool.settle()
+        except Exception:  # a bug: the worker goes on making and deleting logs
+            log.exception("settling the released logs kept for reuse failed")
+        if self.pool.changes != changes:
+            try:
+                self._wake()
+            except Exception:  # the conductor still finds it at its next cycle
+                log.exception("waking the conductor for the log pool failed")
+
+    def _pool_wait_s(self) -> float | None:
+        """How long the idle worker may wait before the pool's oldest file is due (None:
+        for work)."""
+        due = self.pool.next_due_ns() if self.pool is not None else None
+        return None if due is None else max(0.0, (due - time.monotonic_ns()) / 1e9)
+
+
+def _discard(log_buffer: LogBuffer, pool: LogPool | None) -> None:
     try:
-        discard_file(log_buffer)
+        discard_file(log_buffer, pool)
     except Exception:  # a log left behind is found by the directory's next owner
         log.exception("deleting the image log %s failed", log_buffer.path)
 
 
-def _make(job: LogJob) -> None:
+def _make(job: LogJob, pool: LogPool | None) -> None:
     try:
-        job.result = make_log_file(job.path, job.length, **job.kwargs)
+        job.result = make_log_file(job.path, job.length, pool, **job.kwargs)
     except Exception as e:  # handed to the conductor, which says what failed
         job.result = e

@@ -51,13 +51,15 @@ from collections.abc import Callable, Container, Mapping
 from pathlib import Path
 from typing import Any
 
+from slipstream.client import control
 from slipstream.client.channel import Channel
 from slipstream.client.counters import CountersFile, SystemCounter
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.daemon.agents.commands import ReceiverProxy, SenderProxy
 from slipstream.daemon.agents.receiver import Receiver
 from slipstream.daemon.agents.sender import Sender
-from slipstream.daemon.conductor.image_logs import LogMaking
+from slipstream.daemon.conductor.image_logs import ImageLogMaker, LogMaking
+from slipstream.daemon.conductor.log_pool import LogPool
 from slipstream.daemon.conductor.messages import Outgoing
 from slipstream.daemon.conductor.network_drain import NetworkDrain
 from slipstream.daemon.conductor.network_receive import ReceiveSide
@@ -160,6 +162,15 @@ class NetworkConductor:
         self.names: NameWatch[_SendEndpointEntry | _NamedDestination
                               | _ReceiveEndpointEntry] = NameWatch(
             settings.name_re_resolution_interval)
+        #: Released logs' files kept for new logs of the same length (``log_reuse_bytes``).
+        self.log_pool = LogPool(directory / control.RELEASED_LOGS_DIR,
+                                settings.log_reuse_bytes, settings.log_reuse_timeout)
+        #: Makes the images' logs and zeroes or deletes every released log (off this thread
+        #: in a driver process: ``image_logs``).
+        self.log_maker = ImageLogMaker(making=image_logs, wake=wake_conductor,
+                                       pool=self.log_pool)
+        budget.share_with(self.log_pool)
+        self._pool_changes = 0  # the pool's changes last shown in the system counters
         self._send_side = SendSide(
             settings=settings, directory=directory, counters=counters, transports=transports,
             budget=budget, rng=rng, new_id=new_id, new_session_id=new_session_id,
@@ -167,13 +178,14 @@ class NetworkConductor:
             send_endpoints=self._send_endpoints, publications=self.publications,
             shared_publications=self._shared_publications, answering=self._answering,
             subscriptions=self.subscriptions, receive_endpoints=self._receive_endpoints,
-            spy_subscriptions=self._spy_subscriptions, names=self.names)
+            spy_subscriptions=self._spy_subscriptions, names=self.names,
+            log_maker=self.log_maker)
         self._receive_side = ReceiveSide(
             settings=settings, directory=directory, counters=counters, transports=transports,
             budget=budget, rng=rng, new_id=new_id, receiver_proxy=self.receiver_proxy,
             loss_report=self.loss_report, receive_endpoints=self._receive_endpoints,
             closed_receiver_ids=self._closed_receiver_ids, subscriptions=self.subscriptions,
-            image_logs=image_logs, wake=wake_conductor, names=self.names)
+            log_maker=self.log_maker, names=self.names)
         self._untethered = NetworkUntethered(
             counters=counters, publications=self.publications,
             receive_endpoints=self._receive_endpoints, subscriptions=self.subscriptions,
@@ -198,7 +210,7 @@ class NetworkConductor:
     @property
     def has_events(self) -> bool:
         return (bool(self._events) or self._spy_subscriptions.has_messages
-                or self._receive_side.log_maker.has_done)
+                or self.log_maker.has_done or self.log_pool.changes != self._pool_changes)
 
     @property
     def used_session_ids(self) -> Container[int]:
@@ -287,9 +299,9 @@ class NetworkConductor:
         out = self._spy_subscriptions.take_messages()
         work = len(out)
         self._send_side.check_response_connections()
-        if self._receive_side.log_maker.has_done:
+        if self.log_maker.has_done:
             try:
-                self._receive_side.log_maker.step()  # an embedded driver's: one a cycle
+                self.log_maker.step()  # an embedded driver's: one a cycle
                 attached = self._receive_side.attach_done(now_ns)
             except Exception:  # a bug: counted and logged; the conductor serves on
                 self.counters.add(SystemCounter.ERRORS)
@@ -297,6 +309,10 @@ class NetworkConductor:
                 attached = []
             work += 1 + len(attached)
             out.extend(attached)
+        if self.log_pool.changes != self._pool_changes:
+            self._pool_changes = self.log_pool.changes
+            self.counters.set(SystemCounter.LOGS_REUSED, self.log_pool.reused)
+            self.counters.set(SystemCounter.RELEASED_LOG_BYTES, self.log_pool.bytes)
         events = self._events
         # Bounded: a flood of SETUPs must not hold the conductor (and its heartbeat) for long.
         while events and work < MAX_EVENTS_PER_CYCLE:

@@ -114,12 +114,12 @@ class ReceiveSide:
                  receive_endpoints: dict[tuple[Any, ...], _ReceiveEndpointEntry],
                  closed_receiver_ids: dict[int, None],
                  subscriptions: dict[int, NetworkSubscription],
-                 image_logs: LogMaking = LogMaking.INLINE,
-                 wake: Callable[[], None] = lambda: None,
+                 log_maker: ImageLogMaker | None = None,
                  names: NameWatch[Any] | None = None) -> None:
-        """``names``: where a dynamic multi-destination-cast receiver's ``control=`` name is
-        watched, resolved again while no image of its endpoint lives
-        (:meth:`on_control_moved` applies an answer)."""
+        """``log_maker``: what makes the images' logs and frees them (:mod:`.image_logs`;
+        None: one of its own, inline, without a pool).  ``names``: where a dynamic
+        multi-destination-cast receiver's ``control=`` name is watched, resolved again while
+        no image of its endpoint lives (:meth:`on_control_moved` applies an answer)."""
         self.settings = settings
         self.names: NameWatch[Any] = names if names is not None else NameWatch(0)
         self.directory = directory
@@ -134,8 +134,9 @@ class ReceiveSide:
         #: Written here as an endpoint is removed, read by the drain (an ordered set).
         self._closed_receiver_ids = closed_receiver_ids
         self.subscriptions = subscriptions
-        #: Makes the images' logs (off this thread in a driver process: ``image_logs``).
-        self.log_maker = ImageLogMaker(making=image_logs, wake=wake)
+        #: Makes the images' logs (off this thread in a driver process).
+        self.log_maker = (log_maker if log_maker is not None
+                          else ImageLogMaker(making=LogMaking.INLINE))
         #: The images whose logs are being made, by (id of their ReceiveChannel, session,
         #: stream).
         self._pending: dict[tuple[int, int, int], LogJob] = {}

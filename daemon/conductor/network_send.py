@@ -37,8 +37,10 @@ from slipstream.client.counters import (
 )
 from slipstream.client.errors import ChannelError
 from slipstream.client.layout import SEALED_MTU_MAX, SEALED_OVERHEAD
+from slipstream.client.logbuffer import LogBuffer
 from slipstream.daemon.agents.commands import ReceiverProxy, SenderProxy
 from slipstream.daemon.agents.sender import SendEndpoint
+from slipstream.daemon.conductor.image_logs import ImageLogMaker
 from slipstream.daemon.conductor.messages import Outgoing
 from slipstream.daemon.conductor.network_records import (
     NetworkSubscription,
@@ -117,15 +119,20 @@ class SendSide:
                  subscriptions: dict[int, NetworkSubscription],
                  receive_endpoints: dict[tuple[Any, ...], _ReceiveEndpointEntry],
                  spy_subscriptions: SpySubscriptions,
-                 names: NameWatch[_SendEndpointEntry | _NamedDestination]) -> None:
-        """``names``: the unicast endpoints whose ``endpoint=`` is a host name, and the
-        manual destinations added by one, resolved again while their peers are silent
+                 names: NameWatch[_SendEndpointEntry | _NamedDestination],
+                 log_maker: ImageLogMaker | None = None) -> None:
+        """``log_maker``: where a released publication's log is zeroed for reuse or deleted,
+        off this thread in a driver process (:meth:`ImageLogMaker.discard`), and its pool,
+        whose kept files new logs take (None: deleted here, none kept).  ``names``: the
+        unicast endpoints whose ``endpoint=`` is a host name, and the manual destinations
+        added by one, resolved again while their peers are silent
         (:meth:`on_resolution_change` and :meth:`on_destination_moved` apply an answer)."""
         self.settings = settings
         self.directory = directory
         self.counters = counters
         self.transports = transports
         self.budget = budget
+        self._log_maker = log_maker
         self._rng = rng
         self._new_id = new_id
         self._new_session_id = new_session_id
@@ -229,10 +236,14 @@ class SendSide:
         path = self.directory / control.PUBLICATIONS_DIR / f"{registration_id}.logbuffer"
         log_buffer = create_log(
             path, self.budget, f"stream {stream_id} on {channel}",
+            self._log_maker.pool if self._log_maker is not None else None,
             term_length=term_length, session_id=session_id, stream_id=stream_id,
             mtu=params.mtu, correlation_id=registration_id,
             term_window_length=params.term_window_length, group=params.group,
             linger_timeout_ns=params.linger_timeout_ns, sparse=params.sparse,
+            # The driver's view of a sparse log is read by the sender (faults that map 16
+            # pages each) and cleaned behind it: no pages mapped up front on this thread.
+            populate=False if params.sparse else None,
             mode=settings.file_mode(clients_write=True), **log_start(params, self._rng))
         label = f"{channel} stream={stream_id} session={session_id}"
         try:
@@ -373,7 +384,7 @@ class SendSide:
             del self._shared_publications[entry.key]
         for counter_id in entry.counter_ids:
             self.counters.free(counter_id)
-        discard_log(entry.log, self.budget)
+        self._discard(entry.log)
         endpoint_entry = entry.endpoint
         endpoint_entry.publications -= 1
         if endpoint_entry.publications == 0:
@@ -710,6 +721,15 @@ class SendSide:
             else:
                 self._episodes_open.discard(entry)
         return events
+
+    def _discard(self, log_buffer: LogBuffer) -> None:
+        """A released publication's log goes (:meth:`ImageLogMaker.discard`: kept for reuse
+        or deleted); its memory counts in the budget until then."""
+        if self._log_maker is None:
+            discard_log(log_buffer, self.budget)
+            return
+        length = log_buffer.length
+        self._log_maker.discard(log_buffer, lambda: self.budget.release(length))
 
     def _watch_episode_words(self, entry: _PublicationEntry) -> None:
         """Sample ``entry``'s episodes when a word they are read from moves (and at the next

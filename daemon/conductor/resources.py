@@ -12,8 +12,9 @@ from typing import Any
 
 from slipstream.client import control
 from slipstream.client.channel import Channel
-from slipstream.client.layout import INT32_MAX, INT32_MIN
+from slipstream.client.layout import INT32_MAX, INT32_MIN, PAGE_MIN_SIZE
 from slipstream.client.logbuffer import LogBuffer, compute_log_length
+from slipstream.daemon.conductor.log_pool import LogPool
 from slipstream.daemon.protocol.params import PublicationParams
 
 
@@ -34,11 +35,14 @@ def no_room_for_log(path: Path, stream_id: int, term_length: int,
 class LogBudget:
     """The memory all of the driver's logs may take together (``log_buffer_memory_limit``):
     a log that would go past it is refused with an answer that says what to do, so neither a
-    client nor a SETUP from the network can take the host's memory."""
+    client nor a SETUP from the network can take the host's memory.  The released logs'
+    files a :class:`LogPool` keeps share it: the pool holds at most what the logs in use
+    leave (:meth:`LogPool.set_room`), and gives files up when a new log needs the room."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit  # bytes
         self.used = 0  # bytes of the logs that exist
+        self.pool: LogPool | None = None  # the released logs kept (set by their owner)
 
     def reserve(self, term_length: int, what: str) -> int:
         """Count a log of ``term_length`` terms for ``what`` (a stream, an image); returns
@@ -51,10 +55,21 @@ class LogBudget:
                 f"({self.limit / 2**20:g} MiB): close streams, use smaller terms "
                 f"(term-length=), or raise log_buffer_memory_limit")
         self.used += length
+        self._tell_pool()
         return length
 
     def release(self, length: int) -> None:
         self.used -= length
+        self._tell_pool()
+
+    def share_with(self, pool: LogPool) -> None:
+        """The kept released logs of ``pool`` share this budget from now on."""
+        self.pool = pool
+        self._tell_pool()
+
+    def _tell_pool(self) -> None:
+        if self.pool is not None:
+            self.pool.set_room(self.limit - self.used)
 
 
 def check_room_for_log(path: Path, length: int, *, logs_length: int | None = None) -> None:
@@ -91,39 +106,52 @@ def check_room_for_log(path: Path, length: int, *, logs_length: int | None = Non
                                     f"then kills the writer)")
 
 
-def create_log(path: Path, budget: LogBudget, what: str, **kwargs: Any) -> LogBuffer:
-    """``LogBuffer.create(path, **kwargs)`` within ``budget``; a log past the budget, or an
-    OSError (no space, a file size limit), is a :class:`ResourceError` that says what to do,
-    and leaves no file behind."""
+def create_log(path: Path, budget: LogBudget, what: str, pool: LogPool | None = None,
+               **kwargs: Any) -> LogBuffer:
+    """``LogBuffer.create(path, **kwargs)`` within ``budget`` (from a file of ``pool`` when it
+    keeps one of the log's length); a log past the budget, or an OSError (no space, a file
+    size limit), is a :class:`ResourceError` that says what to do, and leaves no file
+    behind."""
     length = budget.reserve(kwargs["term_length"], what)
     try:
-        return make_log_file(path, length, **kwargs)
+        return make_log_file(path, length, pool, **kwargs)
     except OSError as e:
         budget.release(length)
         raise no_room_for_log(path, kwargs["stream_id"], kwargs["term_length"], e) from None
 
 
-def make_log_file(path: Path, length: int, **kwargs: Any) -> LogBuffer:
+def make_log_file(path: Path, length: int, pool: LogPool | None = None,
+                  **kwargs: Any) -> LogBuffer:
     """The file of a log of ``length`` bytes (reserved in the budget already), if its
-    filesystem has room (:func:`check_room_for_log`): ``LogBuffer.create(path, **kwargs)``.
-    OSError when it cannot be made, leaving no file behind.  Any thread: it touches nothing
-    but the file (an image's log is made on a worker: :mod:`.image_logs`)."""
+    filesystem has room (:func:`check_room_for_log`): ``LogBuffer.create(path, **kwargs)``,
+    in a file ``pool`` kept when it has one of the file's length (its pages there already),
+    else a new one.  OSError when it cannot be made, leaving no file behind.  Any thread: it
+    touches nothing but the file and the pool (an image's log is made on a worker:
+    :mod:`.image_logs`)."""
+    if pool is not None:
+        pool.shed()  # the kept files give way to this log first
     check_room_for_log(path, length)
-    return LogBuffer.create(path, **kwargs)
+    file_length = compute_log_length(kwargs["term_length"],
+                                     kwargs.get("page_size", PAGE_MIN_SIZE))
+    reused = pool is not None and pool.take(path, file_length)
+    return LogBuffer.create(path, reused=reused, **kwargs)
 
 
-def discard_log(log_buffer: LogBuffer, budget: LogBudget) -> None:
-    """Unmap the driver's view of a log, delete its file (clients keep their mappings) and
-    give its memory back to ``budget``."""
+def discard_log(log_buffer: LogBuffer, budget: LogBudget, pool: LogPool | None = None) -> None:
+    """Unmap the driver's view of a log, hand its file to ``pool`` or delete it (clients
+    keep their mappings) and give its memory back to ``budget``."""
     budget.release(log_buffer.length)
-    discard_file(log_buffer)
+    discard_file(log_buffer, pool)
 
 
-def discard_file(log_buffer: LogBuffer) -> None:
-    """Unmap the driver's view of a log and delete its file (clients keep their mappings);
-    its memory is the caller's to give back.  Any thread."""
+def discard_file(log_buffer: LogBuffer, pool: LogPool | None = None) -> None:
+    """Unmap the driver's view of a log and hand its file to ``pool`` (:meth:`LogPool.keep`:
+    kept for a later log only when no process maps it any more) or delete it (clients keep
+    their mappings); its memory is the caller's to give back.  Any thread."""
     path = log_buffer.path
     log_buffer.close()
+    if pool is not None and pool.keep(path):
+        return
     try:
         os.unlink(path)
     except FileNotFoundError:

@@ -626,6 +626,13 @@ class ReceiveChannel:
         if self._next_join_ns != NO_DEADLINE:
             self._next_join_ns = now_ns
 
+    def on_peer_handshake(self, now_ns: int) -> None:
+        """A peer of this encrypted endpoint exchanged a handshake with it (docs/PROTOCOL.md
+        §7.8), having dropped what made it ask, a joining SM perhaps: the next join goes at
+        once rather than an ELICIT_SETUP_INTERVAL_NS later."""
+        if self._next_join_ns != NO_DEADLINE:
+            self._next_join_ns = now_ns
+
     def next_deadline_ns(self) -> int:
         """Earliest deadline of the images, the C half's timers included (``<=`` now when
         output is queued)."""

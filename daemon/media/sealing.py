@@ -123,6 +123,15 @@ class Sealing:
             cells.replay_drops = counters.address(SystemCounter.CRYPTO_REPLAY_DROPS)
             cells.senders_full_drops = counters.address(SystemCounter.CRYPTO_SENDERS_FULL_DROPS)
             cells.seal_failures = counters.address(SystemCounter.CRYPTO_SEAL_REFUSED)
+            cells.awaiting_handshake_drops = counters.address(
+                SystemCounter.CRYPTO_AWAITING_HANDSHAKE_DROPS)
+            cells.handshake_failed_drops = counters.address(
+                SystemCounter.CRYPTO_HANDSHAKE_FAILED_DROPS)
+            cells.handshake_unmatched_drops = counters.address(
+                SystemCounter.CRYPTO_HANDSHAKE_UNMATCHED_DROPS)
+            cells.handshake_limited_drops = counters.address(
+                SystemCounter.CRYPTO_HANDSHAKE_LIMITED_DROPS)
+            cells.handshakes = counters.address(SystemCounter.CRYPTO_HANDSHAKES)
 
     def set_keys(self, keys: list[tuple[int, bytes]]) -> None:
         """The keys (the sealing one first), taken up by the data path at its next datagram."""
@@ -141,15 +150,39 @@ class Sealing:
             raise ValueError("no key to seal with")
         return bytes(network_ffi.buffer(out, length))
 
-    def open(self, sealed: bytes) -> bytes | int:
-        """The frames of a sealed datagram, or the ``SS_OPEN_*`` verdict (< 0) that dropped
-        it (tests, tools; the data path opens in C)."""
+    def open(self, sealed: bytes, source: bytes | None = None) -> bytes | int:
+        """The frames of a sealed datagram from ``source`` (a ``struct sockaddr``'s bytes;
+        None: no exchange is started), or the ``SS_OPEN_*`` verdict (< 0) that dropped or took
+        it (tests, tools; the data path opens in C).  Handshake datagrams it sends in turn
+        wait in :meth:`take_handshakes`."""
         buffer = network_ffi.new("uint8_t[]", sealed)
-        length = network.ss_crypto_open(self.c, buffer, len(sealed))
+        length = network.ss_crypto_open(self.c, buffer, len(sealed),
+                                        source if source is not None else network_ffi.NULL,
+                                        len(source) if source is not None else 0)
         if length < 0:
             return length
         start = network.SS_SEALED_HEADER_LENGTH
         return bytes(network_ffi.buffer(buffer, start + length))[start:]
+
+
+    def take_handshakes(self) -> list[tuple[bytes, bytes]]:
+        """The handshake datagrams the endpoint would send now, as (datagram, the ``struct
+        sockaddr`` bytes it goes to), oldest first; taken, so sent once."""
+        out = network_ffi.new("uint8_t[]", network.SS_HANDSHAKE_ANSWER_LENGTH)
+        address = network_ffi.new("uint8_t[]", network.SS_SOCKADDR_MAX)
+        address_length = network_ffi.new("int32_t *")
+        taken = []
+        while (length := network.ss_crypto_take_handshake(self.c, out, len(out), address,
+                                                          address_length)) > 0:
+            taken.append((bytes(network_ffi.buffer(out, length)),
+                          bytes(network_ffi.buffer(address, address_length[0]))))
+        return taken
+
+    def set_handshake_address(self, address: bytes) -> None:
+        """Where the endpoint's handshake datagrams go (a ``struct sockaddr``'s bytes) rather
+        than to their peer's source: a multicast endpoint's, whose socket is bound to a group
+        that no unicast datagram reaches."""
+        network.ss_crypto_set_handshake_address(self.c, address, len(address))
 
 
 class KeyRing:

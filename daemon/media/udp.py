@@ -63,7 +63,7 @@ from slipstream.daemon.media.receive_destinations import MultiDestinationReceive
 from slipstream.daemon.media.sealing import KeyRing, Sealing
 from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.protocol.params import SocketParams
-from slipstream.daemon.protocol.types import Address, Datagram, address_of
+from slipstream.daemon.protocol.types import Address, Datagram, address_of, sockaddr
 from slipstream.daemon.streams.publication import NetworkPublication
 
 log = logging.getLogger("slipstream.driver")
@@ -312,6 +312,9 @@ class UdpSendTransport(_UdpTransport):
                 sock.bind((group.host, destination[1]))
                 _set_multicast(sock, params, channel, group.host, interface)
                 self.connected = False
+                if sealing is not None:
+                    # Handshakes to the data group: the receivers' sockets are bound to it.
+                    sealing.set_handshake_address(sockaddr(destination))
             else:
                 # control= pins the local address and port, else interface= (Aeron's
                 # localControl and localData addresses).
@@ -390,7 +393,14 @@ class UdpSendTransport(_UdpTransport):
     def dispatch(self, channel: SendChannel, now_ns: int) -> int:
         if self._control is None:
             return 0
-        return self._control.dispatch(channel.c, now_ns, channel.on_control)
+        taken = self._control.dispatch(channel.c, now_ns, channel.on_control)
+        if channel.c.handshake_taken:
+            # A receiver may just have got its session, having dropped the SETUP that made it
+            # ask (docs/PROTOCOL.md §7.8).
+            channel.c.handshake_taken = 0
+            for publication in channel.publications.values():
+                publication.on_peer_handshake(now_ns)
+        return taken
 
 
 class UdpReceiveTransport(_UdpTransport):
@@ -407,6 +417,11 @@ class UdpReceiveTransport(_UdpTransport):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind(bind)
                 _set_multicast(sock, params, channel, bind[0], _interface_address(channel))
+                group = channel.control_group
+                if sealing is not None and group is not None:
+                    # Handshakes to the control group: the sender's socket is bound to it.
+                    sealing.set_handshake_address(sockaddr((group.host,
+                                                            group.port or bind[1])))
             else:
                 sock.bind(bind)
             if settings.socket_gso:
@@ -448,6 +463,11 @@ class UdpReceiveTransport(_UdpTransport):
         """What ``receiver`` left for Python goes to ``channel.on_control``."""
         if self._receive is None:
             return 0
+        if receiver.handshake_taken:
+            # A publication may just have got this endpoint's session, having dropped the
+            # joining SM that made it ask (docs/PROTOCOL.md §7.8).
+            receiver.handshake_taken = 0
+            channel.on_peer_handshake(now_ns)
         return self._receive.dispatch(receiver, now_ns, channel.on_control)
 
     def receive_destination(self, channel: ReceiveChannel, index: int, now_ns: int) -> int:

@@ -20,12 +20,19 @@ Rules:
 * a receiver counts only if the first position it was heard at is at or below the durable
   position: one that joined later holds nothing of what lies between, so it cannot make that
   durable (it never counts on this publication; its first heard position is forgotten when it
-  leaves, and set anew when it is heard after its timeout or further on than its window
-  allowed since its last SM: a new image of it, which may have missed what lay between).
-  Nothing is sent before a receiver is heard under
-  unicast, or before N tagged receivers are there under ``fc=tagged,g:TAG/N``, so there the
-  receivers count from the start; under ``max`` or ``min`` a tagged receiver that joins after
-  data went out never counts;
+  leaves, and set anew when it is heard after its timeout or further on than its image could
+  have taken since its last SM: a new image of it, which may have missed what lay between).
+  Nothing is sent before a receiver is heard under unicast, or before N tagged receivers are
+  there under ``fc=tagged,g:TAG/N``, so there the receivers count from the start; under
+  ``max`` or ``min`` a tagged receiver that joins after data went out never counts;
+* what an image takes since an SM at position p: frames that end within half a term of p
+  (its over-run bound, docs/PROTOCOL.md §4.3, whatever window the SMs advertise: the cleaner
+  narrows it, another receiver's SMs may move the sender further), then a padding frame whose
+  header ends there, which stands for its whole length (the rest of a term, or an aborted
+  claim: the sender sends its header alone, past its limit). Its consumption moves as far in
+  one step when its subscriber reads all it has (an archive). A receiver left behind leaves
+  with EOS status messages and joins again beyond the resend reach (half a term and a
+  message) past what it had;
 * it never goes back: a receiver that rejoins behind, or a new one, holds nothing back.
 
 The sender publishes it to the publication's ``pub-durable`` counter and the number of tagged
@@ -38,7 +45,7 @@ Units: positions in bytes, times in ns (monotonic).
 from __future__ import annotations
 
 from slipstream.client.channel import DurableSpec
-from slipstream.client.layout import NO_DEADLINE
+from slipstream.client.layout import HEADER_LENGTH, NO_DEADLINE, align, max_message_length
 from slipstream.daemon.protocol.types import Address
 
 #: The most receivers whose first heard position is kept after they went silent (oldest
@@ -50,11 +57,21 @@ class DurablePosition:
     """The durable position of one publication: see the module docstring.  The sender
     thread's; :attr:`position` and :attr:`receiver_count` are what it publishes."""
 
-    def __init__(self, spec: DurableSpec, receiver_timeout_ns: int, start: int) -> None:
-        """``start``: the publication's join position (nothing before it was offered on it)."""
+    def __init__(self, spec: DurableSpec, receiver_timeout_ns: int, start: int, *,
+                 term_length: int, mtu: int) -> None:
+        """``start``: the publication's join position (nothing before it was offered on it);
+        ``term_length`` and ``mtu``: its log's (bytes)."""
         self.group_tag = spec.group_tag
         self.required = spec.count
         self.receiver_timeout_ns = receiver_timeout_ns
+        self._term_length = term_length
+        #: The longest padding frame (bytes): an aborted claim's (at most an MTU), or what is
+        #: left of a term that the longest message (its fragments, each with its header) did
+        #: not fit in (shorter than that message).
+        longest = max_message_length(term_length)
+        framed = align(longest + HEADER_LENGTH * -(-longest // (mtu - HEADER_LENGTH)),
+                       HEADER_LENGTH)
+        self._longest_padding = max(mtu, framed - HEADER_LENGTH)
         #: The durable position (bytes): never decreases.
         self.position = start
         # (receiver id, source) -> (position of its last SM, time of it): heard lately
@@ -72,11 +89,9 @@ class DurablePosition:
         return self._first_heard[key] <= self.position
 
     def on_status_message(self, receiver_id: int, source: Address, group_tag: int | None,
-                          position: int, is_eos: bool, now_ns: int,
-                          window: int | None = None) -> bool:
-        """A (checked, not S-flagged) status message at consumption ``position`` (its
-        receiver window ``window``, bytes); True when the durable position or the receiver
-        count changed."""
+                          position: int, is_eos: bool, now_ns: int) -> bool:
+        """A (checked, not S-flagged) status message at consumption ``position`` (bytes);
+        True when the durable position or the receiver count changed."""
         if group_tag != self.group_tag:
             return False
         key = (receiver_id, source)
@@ -86,10 +101,10 @@ class DurablePosition:
         count = self.receiver_count
         last = self._receivers.get(key)
         if key in self._first_heard and (
-                last is None or (window is not None and position > last[0] + window)):
-            # Heard again after its timeout, or further on than its window let it receive
-            # since its last SM: a new image of that receiver (it rejoined, or was left behind
-            # and joined where the sender was), which holds nothing of what lay between.
+                last is None or not self._image_could_take(last[0], position)):
+            # Heard again after its timeout, or further on than its image could take since
+            # its last SM: a new image of that receiver (it rejoined, or was left behind and
+            # joined where the sender was), which holds nothing of what lay between.
             del self._first_heard[key]
         if key not in self._first_heard:
             if len(self._first_heard) >= FIRST_HEARD_KEPT:
@@ -99,6 +114,13 @@ class DurablePosition:
             self._first_heard[key] = position
         self._receivers[key] = (position, now_ns)
         return self._advance() or self.receiver_count != count
+
+    def _image_could_take(self, last: int, position: int) -> bool:
+        """Whether one image of a receiver, whose SM said ``last``, can have consumed up to
+        ``position`` (bytes): frames ending within half a term of ``last`` (its over-run
+        bound), then a padding frame whose header ends within it, to the padding's end."""
+        bound = last + (self._term_length >> 1)
+        return position <= bound - HEADER_LENGTH + self._longest_padding
 
     def on_error(self, receiver_id: int) -> bool:
         """An ERR named ``receiver_id``: it left.  True when one was removed."""

@@ -197,7 +197,8 @@ PUBLICATION_THREADS: dict[str, str] = _owned(
     conductor="spy_hold",  # lowered while a spy links; the C half reads it (network.h)
     sender="""c cleaner close stop_credit add_spy remove_spy apply_pressure_step
         datagrams_to_send due next_deadline_ns next_due_ns python_deadline_ns
-        python_send_position on_data_sent on_frame admits_status_message take_c_status_messages
+        python_send_position on_data_sent on_frame on_peer_handshake admits_status_message
+        take_c_status_messages
         sync_c_half
         publish_status state is_done is_connected is_flushed is_end_of_stream
         is_setup_elicited has_initial_connection has_live_receiver has_receiver_at

@@ -285,7 +285,8 @@ class NetworkPublication:
                                                    self.connection_timeout_ns // 2))
         #: durable=: the position its tagged receivers consumed to (None without).
         self.durable = (DurablePosition(params.durable, params.durable_receiver_timeout_ns,
-                                        join) if params.durable is not None else None)
+                                        join, term_length=self.term_length, mtu=self.mtu)
+                        if params.durable is not None else None)
         self._publish_durable()
         #: ERR frames since the sender last looked: (the receiver's address, its reason).
         self.rejections: list[tuple[Address, str]] = []
@@ -679,6 +680,13 @@ class NetworkPublication:
             c.sm_time_ns = max(c.sm_time_ns, last_sm_ns)
         c.sm_in_c = int(take)
 
+    def on_peer_handshake(self, now_ns: int) -> None:
+        """A peer of its encrypted endpoint just got its session (docs/PROTOCOL.md §7.8),
+        having dropped the SETUP that made it ask: while SETUPs are due, the next goes at
+        once rather than a SETUP interval later."""
+        self._time_of_last_setup_ns = now_ns - SETUP_TIMEOUT_NS
+        self._next_due_ns = 0
+
     def _on_trigger_send_setup(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
         # aeron_network_publication_trigger_send_setup_frame: not once EOS is signalled.
         if not self.is_end_of_stream:
@@ -715,8 +723,7 @@ class NetworkPublication:
             self._receivers.on_status_message(sm.receiver_id, position, source, now_ns,
                                               sm.receiver_window)
         if self.durable is not None and self.durable.on_status_message(
-                sm.receiver_id, source, sm.group_tag, position, sm.is_eos, now_ns,
-                sm.receiver_window):
+                sm.receiver_id, source, sm.group_tag, position, sm.is_eos, now_ns):
             self._publish_durable()
         self.has_initial_connection = True
         self.flow_control.sender_position = self.sender_position

@@ -1,0 +1,378 @@
+"""A driver reuses the files of the logs it released (``log_reuse_bytes``), at real driver
+processes over loopback, in /dev/shm:
+
+* a released publication's and image's log is kept, and the next log of its length is made
+  from it (the same inode, LOGS_REUSED), and its stream reads as on a fresh log: every
+  message of the new stream exactly once, nothing of the old one, at any offset the old
+  stream had reached (several term rotations, offsets drawn by hypothesis);
+* a released log that a process still maps is neither zeroed nor handed out until it is
+  unmapped, so no mapping of an old stream can ever see a new stream's data; the check is
+  the kernel's (a write lease);
+* the pool keeps at most ``log_reuse_bytes`` (the oldest go first), no more than the logs in
+  use leave of ``log_buffer_memory_limit``, and deletes a file kept ``log_reuse_timeout``; 0
+  keeps none; a bad value names its key;
+* the driver's directory clean-up removes kept files.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import time
+from pathlib import Path
+
+import pytest
+from helpers import Collector, connect, counters_of, free_port, stream, wait_for
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from slipstream.client import Client, control
+from slipstream.client.errors import ConfigurationError
+from slipstream.client.layout import LOG_META_DATA_LENGTH, META_MTU_LENGTH
+from slipstream.client.logbuffer import LogBuffer, compute_log_length
+from slipstream.daemon.conductor.log_pool import LogPool, is_unshared
+from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.driver import MediaDriver
+
+KIB = 1024
+STREAM = 67
+TERM = 64 * KIB
+LOG_LENGTH = compute_log_length(TERM)
+#: Logs go soon after their stream closes, and stay kept for the test's length.
+REUSE = {"publication_linger_timeout": "100ms", "log_reuse_timeout": "30s"}
+
+
+def released(driver: MediaDriver) -> list[Path]:
+    """The kept files, in the order their logs were made (registration ids)."""
+    return sorted((driver.directory / control.RELEASED_LOGS_DIR).glob("*.logbuffer"),
+                  key=lambda p: int(p.stem))
+
+
+def is_ready(path: Path) -> bool:
+    """Whether the pool zeroed the kept file at ``path`` (its metadata, written last, holds
+    the term length but no MTU): the clients' mappings are gone (their resource linger, 3 s,
+    ended)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(3 * TERM)
+            meta = f.read(LOG_META_DATA_LENGTH)
+    except FileNotFoundError:
+        return False
+    mtu, term_length = struct.unpack_from("<ii", meta, META_MTU_LENGTH)
+    return mtu == 0 and term_length == TERM
+
+
+def kept_ready(driver: MediaDriver, count: int) -> bool:
+    """``count`` files kept, all zeroed, and no log in use."""
+    files = released(driver)
+    return len(files) == count and all(map(is_ready, files)) and not logs(driver)
+
+
+def logs(driver: MediaDriver) -> list[Path]:
+    return [*(driver.directory / control.PUBLICATIONS_DIR).glob("*.logbuffer"),
+            *(driver.directory / control.IMAGES_DIR).glob("*.logbuffer")]
+
+
+def run_stream(client: Client, uri: str, count: int, first: int = 0) -> None:
+    """``count`` messages of 1 KiB from a new publication to a new subscription of ``uri``,
+    each read exactly once, in order; both closed after."""
+    subscription = client.add_subscription(uri, STREAM)
+    publication = client.add_publication(uri, STREAM)
+    try:
+        connect(publication, subscription)
+        collector = Collector(subscription)
+        stream(publication, [collector], count, lambda i: 1000, first=first)
+        collector.assert_exactly(count, first)
+    finally:
+        publication.close()
+        subscription.close()
+
+
+def test_a_released_publication_and_image_log_make_the_next_logs_of_their_length(
+        launch) -> None:
+    """The first stream (30 terms of messages: its logs written all over) leaves its two
+    logs in the pool, zeroed; the next stream's publication and image are made from those
+    very files (their inodes) and it reads exactly its own messages."""
+    driver = launch(**REUSE)
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    with Client.connect(driver.directory) as client:
+        run_stream(client, uri, 30 * TERM // 1024)
+        wait_for(lambda: kept_ready(driver, 2), timeout=10, what="both logs kept")
+        kept = {p.stat().st_ino for p in released(driver)}
+        for path in released(driver):
+            with open(path, "rb") as f:
+                assert f.read(3 * TERM) == bytes(3 * TERM), f"{path.name} not zeroed"
+        wait_for(lambda: counters_of(driver)["RELEASED_LOG_BYTES"] > 0,
+                 what="the pool's bytes shown")
+        assert counters_of(driver)["RELEASED_LOG_BYTES"] == sum(
+            p.stat().st_blocks * 512 for p in released(driver))
+
+        subscription = client.add_subscription(uri, STREAM)
+        publication = client.add_publication(uri, STREAM)
+        connect(publication, subscription)
+        assert {p.stat().st_ino for p in logs(driver)} == kept
+        assert released(driver) == []
+        collector = Collector(subscription)
+        stream(publication, [collector], 5 * TERM // 1024, lambda i: 1000, first=10**6)
+        collector.assert_exactly(5 * TERM // 1024, 10**6)
+        wait_for(lambda: counters_of(driver)["LOGS_REUSED"] == 2, what="two logs reused")
+        assert counters_of(driver)["RELEASED_LOG_BYTES"] == 0
+
+
+@settings(max_examples=6, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(messages=st.integers(min_value=1, max_value=4 * TERM // 1024))
+def test_a_reused_log_reads_as_a_fresh_one_wherever_the_old_stream_stopped(
+        launch, messages: int) -> None:
+    """The old stream stops at any offset (up to four terms: rotations, every partition
+    written); the new stream on its file reads exactly its own messages, and its log's terms
+    are zero beyond what it wrote, as a fresh log's."""
+    driver = launch(**REUSE)
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    with Client.connect(driver.directory) as client:
+        run_stream(client, uri, messages)
+        wait_for(lambda: kept_ready(driver, 2), timeout=10, what="both logs kept")
+        subscription = client.add_subscription(uri, STREAM)
+        publication = client.add_publication(uri, STREAM)
+        connect(publication, subscription)
+        assert released(driver) == []
+        for path in logs(driver):
+            log = LogBuffer(path, writable=False)
+            try:
+                start = log.producer_position()
+                index = (start >> log.position_bits) % 3
+                offset = start & (TERM - 1)
+                term = bytes(log.term_view(index))
+                assert term[offset:] == bytes(TERM - offset), path.name
+                for other in {0, 1, 2} - {index}:
+                    assert bytes(log.term_view(other)) == bytes(TERM), path.name
+                assert log.end_of_stream_position == 2**63 - 1
+            finally:
+                log.close()
+        collector = Collector(subscription)
+        stream(publication, [collector], 3, lambda i: 1000, first=10**6)
+        collector.assert_exactly(3, 10**6)
+        publication.close()
+        subscription.close()
+
+
+def test_a_log_still_mapped_by_a_process_is_never_handed_out(launch) -> None:
+    """A process that still maps an image's log when the driver frees it (here: a second
+    mapping the test holds, as a client's lingers) keeps reading its own stream's bytes: the
+    file is kept but neither zeroed nor given to the next stream while the mapping lives, so
+    no mapping of an old stream ever sees a new stream's data; once unmapped, it is."""
+    driver = launch(**REUSE)
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    with Client.connect(driver.directory) as client:
+        subscription = client.add_subscription(uri, STREAM)
+        publication = client.add_publication(uri, STREAM)
+        connect(publication, subscription)
+        collector = Collector(subscription)
+        stream(publication, [collector], 10, lambda i: 1000)
+        (image_log,) = (driver.directory / control.IMAGES_DIR).glob("*.logbuffer")
+        fd = os.open(image_log, os.O_RDONLY)
+        held = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+        os.close(fd)
+        inode = os.stat(image_log).st_ino
+        try:
+            before = bytes(held[:TERM])
+            assert before != bytes(TERM)
+            publication.close()
+            subscription.close()
+            wait_for(lambda: len(released(driver)) == 2 and not logs(driver)
+                     and any(map(is_ready, released(driver))), timeout=10,
+                     what="the publication's log kept, zeroed")
+            (held_file,) = [p for p in released(driver) if p.stat().st_ino == inode]
+            assert not is_ready(held_file)
+            for i in range(2):  # more streams of that length while it is held
+                run_stream(client, uri, 3 * TERM // 1024, first=10**6 * (i + 1))
+                wait_for(lambda: not logs(driver), timeout=10, what="the logs freed")
+                assert bytes(held[:TERM]) == before  # its own stream, untouched
+                assert held_file.exists() and not is_ready(held_file)
+        finally:
+            held.close()
+        wait_for(lambda: is_ready(held_file), timeout=10, what="the file zeroed once unmapped")
+        with open(held_file, "rb") as f:
+            assert f.read(3 * TERM) == bytes(3 * TERM)
+
+
+def test_is_unshared_tells_a_mapped_file(shm: Path) -> None:
+    """The kernel's answer the pool relies on: a file mapped (by this process, its
+    descriptor closed) is not unshared; once unmapped, it is."""
+    path = shm / "1.logbuffer"
+    path.write_bytes(bytes(8192))
+    fd = os.open(path, os.O_RDWR)
+    mapped = mmap.mmap(fd, 8192)
+    os.close(fd)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        assert not is_unshared(fd)
+        mapped.close()
+        assert is_unshared(fd)
+    finally:
+        os.close(fd)
+
+
+def test_the_pool_keeps_at_most_its_bytes(launch) -> None:
+    """Room for two logs of 64 KiB terms written through (each holds its whole file): a
+    stream after a stream reuses the two kept; two streams at once, two of their logs made
+    in the kept files and two new, release four into that room, and two stay kept."""
+    driver = launch(**{**REUSE, "log_reuse_bytes": str(2 * LOG_LENGTH + 1)})
+    with Client.connect(driver.directory) as client:
+        batches = []
+        for i in range(2):
+            uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+            run_stream(client, uri, 4 * TERM // 1024, first=i * 1000)
+            wait_for(lambda: kept_ready(driver, 2), timeout=10, what="two logs kept")
+            batches.append({p.stat().st_ino for p in released(driver)})
+        assert counters_of(driver)["RELEASED_LOG_BYTES"] == 2 * LOG_LENGTH
+        # The second stream took the first's files; a third stream and its image, as the
+        # pool holds two, make two fresh logs, and then four are released into room for two.
+        subscription = client.add_subscription(uri, STREAM)
+        publication = client.add_publication(uri, STREAM)
+        other_uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+        other_subscription = client.add_subscription(other_uri, STREAM)
+        other_publication = client.add_publication(other_uri, STREAM)
+        connect(publication, subscription)
+        connect(other_publication, other_subscription)
+        for pub, sub in ((publication, subscription), (other_publication, other_subscription)):
+            collector = Collector(sub)
+            stream(pub, [collector], 4 * TERM // 1024, lambda i: 1000)
+        in_use = {p.stat().st_ino for p in logs(driver)}
+        assert len(in_use) == 4 and len(in_use & batches[1]) == 2
+        for closable in (publication, subscription, other_publication, other_subscription):
+            closable.close()
+        wait_for(lambda: kept_ready(driver, 2), timeout=10, what="two of four kept")
+        time.sleep(0.3)  # no third one comes
+        assert len(released(driver)) == 2
+        assert counters_of(driver)["RELEASED_LOG_BYTES"] <= 2 * LOG_LENGTH + 1
+
+
+def test_kept_files_give_way_to_new_logs_within_log_buffer_memory_limit(launch) -> None:
+    """The kept files share log_buffer_memory_limit with the logs in use: a stream of
+    longer terms, whose two logs leave room for one kept file, has one of the two kept ones
+    deleted, and is made and read whole."""
+    longer = compute_log_length(2 * TERM)
+    limit = 2 * longer + LOG_LENGTH
+    driver = launch(**{**REUSE, "log_buffer_memory_limit": str(limit)})
+    with Client.connect(driver.directory) as client:
+        run_stream(client, f"aeron:udp?endpoint=127.0.0.1:{free_port()}", 4 * TERM // 1024)
+        wait_for(lambda: kept_ready(driver, 2), timeout=10, what="both logs kept")
+        kept = set(released(driver))
+        uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}|term-length={2 * TERM}"
+        subscription = client.add_subscription(uri, STREAM)
+        publication = client.add_publication(uri, STREAM)
+        connect(publication, subscription)
+        wait_for(lambda: len(released(driver)) == 1, what="a kept file deleted")
+        assert set(released(driver)) < kept
+        wait_for(lambda: counters_of(driver)["RELEASED_LOG_BYTES"] <= limit - 2 * longer,
+                 what="the pool within what the logs in use leave")
+        collector = Collector(subscription)
+        stream(publication, [collector], 8 * TERM // 1024, lambda i: 1000)
+        collector.assert_exactly(8 * TERM // 1024)
+        publication.close()
+        subscription.close()
+
+
+def test_a_kept_file_is_deleted_after_log_reuse_timeout(launch) -> None:
+    """An idle driver gives the memory back: the kept files go by themselves."""
+    driver = launch(**{**REUSE, "log_reuse_timeout": "5s"})
+    with Client.connect(driver.directory) as client:
+        run_stream(client, f"aeron:udp?endpoint=127.0.0.1:{free_port()}", 10)
+        released_at = time.monotonic()
+        wait_for(lambda: kept_ready(driver, 2), timeout=10, what="both logs kept")
+        wait_for(lambda: counters_of(driver)["RELEASED_LOG_BYTES"] > 0,
+                 what="the pool's bytes shown")
+        wait_for(lambda: released(driver) == [], timeout=10, what="the kept files deleted")
+        assert time.monotonic() - released_at > 4
+        wait_for(lambda: counters_of(driver)["RELEASED_LOG_BYTES"] == 0,
+                 what="the pool's bytes shown as none")
+
+
+def test_log_reuse_bytes_zero_keeps_nothing(launch) -> None:
+    driver = launch(**{**REUSE, "log_reuse_bytes": "0"})
+    with Client.connect(driver.directory) as client:
+        uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+        run_stream(client, uri, 10)
+        wait_for(lambda: not logs(driver), what="the logs freed")
+        run_stream(client, uri, 10, first=100)
+        wait_for(lambda: not logs(driver), what="the logs freed again")
+        assert released(driver) == []
+        assert counters_of(driver)["LOGS_REUSED"] == 0
+
+
+@pytest.mark.parametrize(("key", "value"), [("log_reuse_bytes", "lots"),
+                                            ("log_reuse_bytes", "-1"),
+                                            ("log_reuse_timeout", "0")])
+def test_a_bad_reuse_setting_names_its_key(key: str, value: str) -> None:
+    with pytest.raises(ConfigurationError, match=key):
+        DriverSettings.from_mapping({key: value})
+
+
+def test_a_stopping_driver_deletes_its_kept_files(shm: Path) -> None:
+    directory = shm / "driver"
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    with MediaDriver.launch(directory=directory, term_buffer_length="64k",
+                            **REUSE) as driver, Client.connect(driver.directory) as client:
+        run_stream(client, uri, 10)
+        wait_for(lambda: kept_ready(driver, 2), timeout=10, what="both logs kept")
+    assert not (directory / control.RELEASED_LOGS_DIR).exists() or \
+        list((directory / control.RELEASED_LOGS_DIR).iterdir()) == []
+
+
+def test_a_crashed_drivers_kept_files_are_removed_by_the_next_driver(shm: Path) -> None:
+    """A driver killed while it keeps two files, one zeroed and one still mapped (here by
+    the test), leaves them; the next driver in its directory knows both for its own and
+    removes them, and the mapping keeps its own stream's bytes."""
+    directory = shm / "driver"
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    settings = {"term_buffer_length": "64k", **REUSE}
+    with MediaDriver.launch(directory=directory, **settings) as crashed, \
+            Client.connect(directory) as client:
+        subscription = client.add_subscription(uri, STREAM)
+        publication = client.add_publication(uri, STREAM)
+        connect(publication, subscription)
+        stream(publication, [Collector(subscription)], 10, lambda i: 1000)
+        (image_log,) = (directory / control.IMAGES_DIR).glob("*.logbuffer")
+        fd = os.open(image_log, os.O_RDONLY)
+        held = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+        os.close(fd)
+        before = bytes(held[:TERM])
+        publication.close()
+        subscription.close()
+        wait_for(lambda: len(released(crashed)) == 2 and not logs(crashed)
+                 and sum(map(is_ready, released(crashed))) == 1, timeout=10,
+                 what="one file kept zeroed, one kept mapped")
+        crashed.kill()
+    try:
+        with MediaDriver.launch(directory=directory, **settings):
+            assert list((directory / control.RELEASED_LOGS_DIR).iterdir()) == []
+        assert bytes(held[:TERM]) == before
+    finally:
+        held.close()
+
+
+def test_the_pool_hands_out_only_a_file_of_the_length_asked(shm: Path) -> None:
+    """A kept file of another length is not taken; one of the length is, under the new
+    name, its terms zero, and the log made in it is byte for byte a fresh log's."""
+    folder = shm / control.RELEASED_LOGS_DIR
+    folder.mkdir()
+    pool = LogPool(folder, 1 << 30, 10**10)
+    log = LogBuffer.create(shm / "7.logbuffer", term_length=TERM, initial_term_id=3,
+                           session_id=1, stream_id=2, mtu=1408, correlation_id=7)
+    log.term_view(1)[:5] = b"hello"
+    path = log.path
+    log.close()
+    assert pool.keep(path)
+    assert not path.exists() and pool.count == 1
+    assert not pool.take(shm / "8.logbuffer", compute_log_length(2 * TERM))
+    assert pool.take(shm / "8.logbuffer", LOG_LENGTH)
+    assert (shm / "8.logbuffer").read_bytes()[:3 * TERM] == bytes(3 * TERM)
+    assert pool.count == 0 and pool.reused == 1
+    made = {"term_length": TERM, "initial_term_id": 9, "session_id": 4, "stream_id": 5,
+            "mtu": 1408, "correlation_id": 8, "initial_term_count": 1,
+            "initial_term_offset": 4096}
+    LogBuffer.create(shm / "8.logbuffer", reused=True, **made).close()
+    LogBuffer.create(shm / "9.logbuffer", **made).close()
+    assert (shm / "8.logbuffer").read_bytes() == (shm / "9.logbuffer").read_bytes()
