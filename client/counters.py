@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import enum
 import errno
+import heapq
 import os
 import re
 import struct
@@ -56,6 +57,10 @@ _VERSION_OFFSET = 4
 _CAPACITY_OFFSET = 8
 _PID_OFFSET = 16
 _START_TIME_OFFSET = 24
+#: int32: every id below it has been allocated at some time (0: a file that does not keep it;
+#: read all the capacity).  Readers iterate up to it, so that a large capacity costs them
+#: neither the time nor the pages of the slots never used.
+_HIGH_WATER_OFFSET = 32
 HEARTBEAT_OFFSET = 128
 DRIVER_SIGNAL_OFFSET = 256
 DRIVER_WAITERS_OFFSET = 384
@@ -475,7 +480,11 @@ class CountersFile:
         self._cdata = ffi.from_buffer("uint8_t[]", self._map, require_writable=writable)
         self._base = ffi.cast("uint8_t *", self._cdata)
         self._values_offset = HEADER_LENGTH + capacity * METADATA_LENGTH
-        self._next_free_hint = 0
+        #: The driver's free list (:meth:`allocate`): ids below the high water that were
+        #: freed, with when each may be handed out again, a heap by that time; None until the
+        #: first allocation, which reads them from the file.
+        self._freed: list[tuple[int, int]] | None = None
+        self._high_water = 0
         # Each counter's cffi pointer, made on first use: the driver's hot paths count into
         # the same few cells thousands of times a second.
         self._addresses: dict[int, Any] = {}
@@ -582,6 +591,13 @@ class CountersFile:
         lib.ss_signal(self.driver_signal, self.driver_waiters)
 
     # -- counters ----------------------------------------------------------------------------
+    @property
+    def high_water(self) -> int:
+        """Slots ever allocated (every allocated counter's id is below it): the capacity for a
+        file that does not say."""
+        high_water = lib.ss_load_acquire_i32(self._header_i32(_HIGH_WATER_OFFSET))
+        return min(high_water, self.capacity) if high_water > 0 else self.capacity
+
     def _meta_offset(self, counter_id: int) -> int:
         return HEADER_LENGTH + counter_id * METADATA_LENGTH
 
@@ -616,13 +632,9 @@ class CountersFile:
         is :class:`InvalidArgumentError`."""
         key = check_counter_key("key", key)
         now_ns = time.monotonic_ns()
-        for i in range(self.capacity):
-            counter_id = (self._next_free_hint + i) % self.capacity
+        counter_id = self._take_free_id(now_ns)
+        if counter_id is not None:
             offset = self._meta_offset(counter_id)
-            state, _, reusable_at_ns = struct.unpack_from("<iiq", self._map, offset)
-            if not (state == _STATE_FREE
-                    or (state == _STATE_RECLAIMED and now_ns >= reusable_at_ns)):
-                continue
             # Cut at a character's start: a label read back never ends in half of one.
             encoded = fit_label(label).encode("utf-8", "replace")
             lib.ss_store_release_i64(self.address(counter_id), initial_value)
@@ -633,10 +645,43 @@ class CountersFile:
             self._map[offset + _LABEL_OFFSET:offset + _LABEL_OFFSET + len(encoded)] = encoded
             # Publish the slot last so readers never see a half-written record.
             lib.ss_store_release_i32(ffi.cast("int32_t *", self._base + offset), _STATE_ALLOCATED)
-            self._next_free_hint = counter_id + 1
             return counter_id
         raise CountersFullError(errno.ENOSPC, f"all {self.capacity} counters are in use or "
-                                              f"freed less than 1 s ago (raise counters_capacity)")
+                                              f"freed less than 1 s ago (counters_capacity = "
+                                              f"{self.capacity}: raise counters_capacity)")
+
+    def _take_free_id(self, now_ns: int) -> int | None:
+        """The id to allocate: the oldest freed one whose reuse deadline passed, else the
+        next never used (the high water rises), else None.  O(log freed): a free list, no scan."""
+        freed = self._freed
+        if freed is None:
+            freed = self._freed = self._read_free_list()
+        if freed and freed[0][0] <= now_ns:
+            return heapq.heappop(freed)[1]
+        if self._high_water < self.capacity:
+            counter_id = self._high_water
+            self._high_water += 1
+            lib.ss_store_release_i32(self._header_i32(_HIGH_WATER_OFFSET), self._high_water)
+            return counter_id
+        return None
+
+    def _read_free_list(self) -> list[tuple[int, int]]:
+        """The free slots of the file as it is (once, at the first allocation): the high
+        water past the last slot ever used, the free and freed ones below it by deadline."""
+        slots = []
+        last_used = -1
+        for counter_id in range(self.capacity):
+            state, _, reusable_at_ns = struct.unpack_from("<iiq", self._map,
+                                                          self._meta_offset(counter_id))
+            if state == _STATE_FREE:
+                slots.append((0, counter_id))
+            else:
+                last_used = counter_id
+                if state == _STATE_RECLAIMED:
+                    slots.append((reusable_at_ns, counter_id))
+        self._high_water = last_used + 1
+        lib.ss_store_release_i32(self._header_i32(_HIGH_WATER_OFFSET), self._high_water)
+        return sorted(s for s in slots if s[1] < self._high_water)  # sorted: a heap
 
     def allocate_all(self, kinds: Iterable[tuple[Any, ...]], label: str, *,
                      registration_id: int, session_id: int, stream_id: int) -> list[int]:
@@ -659,8 +704,10 @@ class CountersFile:
     def free(self, counter_id: int) -> None:
         """Release a counter (driver only); the slot is reused after FREE_TO_REUSE_TIMEOUT_NS."""
         offset = self._meta_offset(counter_id)
-        struct.pack_into("<q", self._map, offset + 8,
-                         time.monotonic_ns() + FREE_TO_REUSE_TIMEOUT_NS)
+        reusable_at_ns = time.monotonic_ns() + FREE_TO_REUSE_TIMEOUT_NS
+        struct.pack_into("<q", self._map, offset + 8, reusable_at_ns)
+        if self._freed is not None:
+            heapq.heappush(self._freed, (reusable_at_ns, counter_id))
         lib.ss_store_release_i32(ffi.cast("int32_t *", self._base + offset), _STATE_RECLAIMED)
 
     def get(self, counter_id: int) -> int:
@@ -713,8 +760,9 @@ class CountersFile:
             lib.ss_load_acquire_i32(state) == _STATE_ALLOCATED)
 
     def __iter__(self) -> Iterator[CounterInfo]:
-        """Every allocated counter, in id order (Aeron's CountersReader.forEach)."""
-        for counter_id in range(self.capacity):
+        """Every allocated counter, in id order (Aeron's CountersReader.forEach), up to the
+        high water (the slots never used hold none)."""
+        for counter_id in range(self.high_water):
             info = self.info(counter_id)
             if info is not None:
                 yield info

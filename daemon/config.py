@@ -370,10 +370,12 @@ class DriverSettings:
         check=_check_host_port, accepted_text='"" (off) or host:port',
     )
     counters_capacity: int = _int(
-        4096,
-        "Counter slots in the counters file (count); each stream uses a few (positions, limits), "
-        "so 4096 serves hundreds of streams, and the least, 256, holds the driver's own 72 "
-        "system counters and a few dozen streams (slipstream).",
+        100_000,
+        "Counter slots in the counters file (count); each stream uses a few (positions, limits: "
+        "an IPC publication and its subscription take 8), so 100000 serves 10,000 such pairs, "
+        "and the least, 256, holds the driver's own 72 system counters and a few dozen streams. "
+        "A slot is 640 bytes of the file (100000: 61 MiB), whose pages are taken as slots are "
+        "first used (slipstream).",
         low=256, high=1_000_000,
     )
     threading_mode: str = _choice(

@@ -12,7 +12,8 @@
  *   network_crypto.c      an encrypted endpoint's sealed datagrams (libcrypto's AEAD and HKDF,
  *                         the anti-replay windows, the Noise handshake that hands each peer
  *                         a sender's traffic secret; docs/PROTOCOL.md §7.8)
- * and this file, the positions they all publish and read. */
+ * and this file, the positions they all publish and read, and the conductor's watch on the
+ * words it reads (ss_words_changed). */
 #define _GNU_SOURCE
 #include "network_internal.h"
 
@@ -30,4 +31,17 @@ int64_t ss_subscriber_position_bounded(int64_t position, int64_t hwm) {
     if (position > hwm) position = hwm;
     if (position < 0) position = 0;
     return position & ~(int64_t)(SS_FRAME_ALIGNMENT - 1);
+}
+
+int32_t ss_words_changed(int64_t *const *words, int64_t *last, int32_t count,
+                         int32_t *changed) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < count; i++) {
+        int64_t value = LOAD_ACQ(words[i]);
+        if (value != last[i]) {
+            last[i] = value;
+            changed[n++] = i;
+        }
+    }
+    return n;
 }

@@ -145,6 +145,14 @@ void ss_publish_position(int64_t *cell, int64_t *counter, int64_t value);
  * [0, hwm], rounded down to the frame alignment. */
 int64_t ss_subscriber_position_bounded(int64_t position, int64_t hwm);
 
+/* The words among `count` that changed since the last look: each of `words[i]` is
+ * acquire-loaded and compared with `last[i]`; a changed one's index goes to `changed` (room for
+ * `count`) and its value to `last[i]`.  Returns how many changed.  The conductor's watch on the
+ * words its per-publication pass reads (a log's tails, a subscriber's position), so that a
+ * cycle passes over the publications that moved, not all of them. */
+int32_t ss_words_changed(int64_t *const *words, int64_t *last, int32_t count,
+                         int32_t *changed);
+
 /* NAK: its type, length and field offsets, as slipstream.client.layout's
  * (SS_<NAME> is its NAME; tests/test_layout.py checks them).  The DATA/PAD header is native.h's. */
 #define SS_HDR_TYPE_NAK 0x02

@@ -186,6 +186,7 @@ MODULE_LANES = {
     "test_control_hosts": "hosts",
     "test_controlled_poll": "sockets",
     "test_counters": "unit",
+    "test_stream_scale": "unit",
     "test_cubic": "unit",
     "test_demo": "unit",
     "test_demo_end_to_end": "sockets",
@@ -297,6 +298,9 @@ TEST_LANES = {
         "test_in_the_simulator_a_deferred_band_waits_without_stalling_the_clock": "sim",
         "test_in_the_simulator_the_lowest_band_refuses_offers_at_step_4_and_takes_them_after":
             "sim",
+    },
+    "test_stream_scale": {
+        "test_ten_thousand_ipc_pairs_are_added_under_the_default_settings": "sockets",
     },
     "test_control_plane": {
         "test_an_unexpected_failure_in_a_command_is_answered_and_counted": "unit",

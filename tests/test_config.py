@@ -50,7 +50,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "client_group": "",  # the driver's own user only
     "log_level": "info",
     "metrics_address": "",
-    "counters_capacity": 4096,
+    "counters_capacity": 100_000,
     "threading_mode": "shared_network",  # Aeron's SHARED_NETWORK (its default: DEDICATED)
     "network_idle_spin": 200 * US,
     "term_buffer_length": 16 * MiB,

@@ -13,6 +13,8 @@ import pytest
 from helpers import FAST_DRIVER_SETTINGS, free_port, free_tcp_port, scrape, value, wait_for
 
 from slipstream.client import Client
+from slipstream.client.counters import SystemCounter
+from slipstream.daemon.config import load_settings
 from slipstream.daemon.driver import MediaDriver
 
 
@@ -43,6 +45,13 @@ def test_the_driver_serves_its_counters_to_prometheus(driver_dir: Path) -> None:
                        f'session="{session}",stream="77",subscription='
                        f'"{subscription.registration_id}"}}') == 10 * 160
     assert value(text, "slipstream_driver_heartbeat_age_seconds") < 5
+    # The capacity a user can hit, by its setting: system counters, the client's heartbeat
+    # and the pair's counters are in use.
+    assert "counters_capacity" in text
+    assert value(text, "slipstream_counters_capacity") == load_settings(
+        env={}, overrides=FAST_DRIVER_SETTINGS).counters_capacity
+    assert len(SystemCounter) + 1 < value(text, "slipstream_counters_allocated") < value(
+        text, "slipstream_counters_capacity")
 
 
 @pytest.mark.timeout(60)  # an exporter that never prints must fail the readline, not hang it

@@ -14,6 +14,7 @@ publishers and a killed client's counters are freed.
 
 from __future__ import annotations
 
+import collections
 import enum
 import logging
 import os
@@ -62,6 +63,7 @@ from slipstream.daemon.conductor.sharing import (
     check_session_free,
 )
 from slipstream.daemon.conductor.untethered import tether_for
+from slipstream.daemon.conductor.watch import WordWatch
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.pressure.episodes import (
     EPISODE_SAMPLE_INTERVAL_NS,
@@ -133,6 +135,17 @@ class DriverConductor:
         self._clients_by_key: dict[bytes, ClientSession] = {}
         self.ipc_publications: dict[int, IpcPublication] = {}  # by registration id
         self._ipc_by_stream: dict[int, IpcPublication] = {}
+        #: The words each IPC publication's pass reads, watched (:class:`WordWatch`), and the
+        #: publications a pass found unsettled (``IpcPublication.is_settled``): a duty cycle
+        #: passes over these and those whose words changed, not over every one.
+        self._ipc_watch = WordWatch()
+        self._ipc_unsettled: set[IpcPublication] = set()
+        #: Indexes by stream id, so that no command looks at every stream: the IPC
+        #: publications (by registration id, as made), and the IPC subscriptions.
+        self._ipc_of_stream: dict[int, dict[int, IpcPublication]] = {}
+        self._ipc_subscriptions_of_stream: dict[int, dict[int, Subscription]] = {}
+        #: How many IPC publications use each session id (:meth:`_new_session_id`).
+        self._ipc_session_ids: collections.Counter[int] = collections.Counter()
         self.budget = LogBudget(settings.log_buffer_memory_limit)
         self.network: NetworkConductor | None = None
         if transports is not None:
@@ -175,9 +188,11 @@ class DriverConductor:
     def _new_session_id(self) -> int:
         low = self.settings.publication_reserved_session_id_low
         high = self.settings.publication_reserved_session_id_high
-        used = {p.session_id for p in self.ipc_publications.values()}
-        if self.network is not None:
-            used |= self.network.used_session_ids
+        network = self.network
+        ipc_ids = self._ipc_session_ids
+        network_ids = network.used_session_ids if network is not None else ipc_ids
+        in_use = len(self.ipc_publications) + (len(network.publications)
+                                                if network is not None else 0)
         # Drawn from the ids outside the reserved range (the settings leave at least one):
         # [INT32_MIN, low) then (high, INT32_MAX], counted as one run of `free` ids.
         below = low - INT32_MIN
@@ -191,12 +206,12 @@ class DriverConductor:
         # from the last draw visits at most len(used) + 1 ids.
         for _ in range(8):
             session_id = nth_free(start)
-            if session_id not in used:
+            if session_id not in ipc_ids and session_id not in network_ids:
                 return session_id
             start = self._rng.randrange(free)
-        for step in range(min(free, len(used) + 1)):
+        for step in range(min(free, in_use + 1)):
             session_id = nth_free((start + step) % free)
-            if session_id not in used:
+            if session_id not in ipc_ids and session_id not in network_ids:
                 return session_id
         raise ResourceError(
             f"no session id is free: all {free} outside the reserved range "
@@ -391,8 +406,8 @@ class DriverConductor:
     def _active_ipc(self, stream_id: int) -> list[IpcPublication]:
         """The ACTIVE IPC publications of ``stream_id``: its shared one, and its exclusive
         ones (the ones a new subscription reads)."""
-        return [p for p in self.ipc_publications.values()
-                if p.stream_id == stream_id and p.state is IpcPublicationState.ACTIVE]
+        return [p for p in self._ipc_of_stream.get(stream_id, {}).values()
+                if p.state is IpcPublicationState.ACTIVE]
 
     def _create_ipc_publication(self, channel: Channel, stream_id: int, now_ns: int, *,
                                 shared: bool = True) -> IpcPublication:
@@ -407,7 +422,8 @@ class DriverConductor:
         path = self.directory / control.PUBLICATIONS_DIR / f"{registration_id}.logbuffer"
         reserved = self.budget.reserve(term_length, f"stream {stream_id} on aeron:ipc")
         try:
-            check_room_for_log(path, reserved)
+            # The budget counts this log already: what the others may take is the rest.
+            check_room_for_log(path, reserved, logs_length=self.budget.used - reserved)
             publication = IpcPublication.create(
                 path=str(path),
                 registration_id=registration_id, stream_id=stream_id, session_id=session_id,
@@ -425,6 +441,9 @@ class DriverConductor:
             self.budget.release(reserved)
             raise no_room_for_log(path, stream_id, term_length, e) from None
         self.ipc_publications[registration_id] = publication
+        self._ipc_of_stream.setdefault(stream_id, {})[registration_id] = publication
+        self._ipc_session_ids[session_id] += 1
+        publication.watch_words(self._ipc_watch)
         if shared:
             self._ipc_by_stream[stream_id] = publication
         log.info("created %s IPC publication %d stream=%d session=%d term_length=%d",
@@ -532,16 +551,21 @@ class DriverConductor:
                 publication.remove_subscriber(subscription.registration_id)
             raise
         client.subscriptions[subscription.registration_id] = subscription
+        self._ipc_subscriptions_of_stream.setdefault(stream_id, {})[
+            subscription.registration_id] = subscription
         return out
 
     def _link_subscriptions(self, publication: IpcPublication) -> Outgoing:
-        """A new publication: every matching subscription gets an image of it."""
+        """A new publication: every matching subscription gets an image of it, client by
+        client as they connected, each client's as it subscribed."""
         out: Outgoing = []
-        for client in self.clients.values():
-            for subscription in client.subscriptions.values():
-                if (isinstance(subscription, Subscription)
-                        and subscription.wants(publication.session_id, publication.stream_id)):
-                    out.append(self._attach(publication, subscription, client))
+        subscriptions = sorted(
+            self._ipc_subscriptions_of_stream.get(publication.stream_id, {}).values(),
+            key=lambda s: (s.client_id, s.registration_id))
+        for subscription in subscriptions:
+            client = self.clients[subscription.client_id]
+            if subscription.wants(publication.session_id, publication.stream_id):
+                out.append(self._attach(publication, subscription, client))
         return out
 
     def _attach(self, publication: IpcPublication, subscription: Subscription,
@@ -602,7 +626,11 @@ class DriverConductor:
             assert self.network is not None
             self.network.remove_subscription(subscription.registration_id)
             return
-        for publication in self.ipc_publications.values():
+        of_stream = self._ipc_subscriptions_of_stream[subscription.stream_id]
+        del of_stream[subscription.registration_id]
+        if not of_stream:
+            del self._ipc_subscriptions_of_stream[subscription.stream_id]
+        for publication in list(self._ipc_of_stream.get(subscription.stream_id, {}).values()):
             publication.remove_subscriber(subscription.registration_id)
 
     def _remove_client(self, client: ClientSession, now_ns: int) -> None:
@@ -625,13 +653,16 @@ class DriverConductor:
         work = 0
         out: Outgoing = []
         self._last_cycle_ns = now_ns
-        for publication in list(self.ipc_publications.values()):
+        for publication in self._ipc_due():
+            produced = len(out)
+            limit = self.counters.get(publication.publisher_limit_id)
             # Sampled against the limit the publishers had since the last cycle: right after
             # the limit moves, the depth would dip by what the subscribers read in a cycle
             # though the publishers never stopped pressing.
             for event in publication.sample_episodes(now_ns):
                 out.extend(self._episode_messages(publication.registration_id, event))
-            work += publication.update_limits(now_ns)
+            passed = publication.update_limits(now_ns)
+            work += passed
             # Only while publishers write (as Aeron's): a log that drains, or a driver that
             # drains, owes it in whole to every subscriber, untethered ones too; nothing is
             # held back any more.
@@ -642,6 +673,13 @@ class DriverConductor:
             if publication.is_drained():
                 out.extend(self._close_publication(publication))
                 work += 1
+            elif (passed == 0 and len(out) == produced and publication.is_settled
+                  and self.counters.get(publication.publisher_limit_id) == limit):
+                # The next pass would find the same words (the limit it samples too): none
+                # until one changes.
+                self._ipc_unsettled.discard(publication)
+            else:
+                self._ipc_unsettled.add(publication)
         if self.network is not None:
             if self.network.has_events:
                 network_work, network_out = self.network.do_work(now_ns)
@@ -665,6 +703,18 @@ class DriverConductor:
             if self.network is not None:
                 self.network.transports.reload_keys(now_ns)
         return work, out
+
+    def _ipc_due(self) -> list[IpcPublication]:
+        """The IPC publications this cycle passes over, in the order they were made: every
+        one while the driver drains; else those a pass left unsettled and those whose watched
+        words changed or that marked a change of their own."""
+        moved = self._ipc_watch.changed()
+        if self.drain_phase is not DrainPhase.NONE:
+            return list(self.ipc_publications.values())
+        due = [p for p in self._ipc_unsettled.union(moved)
+               if p.state is not IpcPublicationState.DONE]
+        due.sort(key=lambda p: p.registration_id)
+        return due
 
     def _govern(self, now_ns: int) -> None:
         """One sample of the pressure governor (daemon/pressure/governor.py)."""
@@ -729,11 +779,23 @@ class DriverConductor:
                     subscription_registration_id=subscriber.subscription.registration_id,
                     stream_id=publication.stream_id)))
         del self.ipc_publications[publication.registration_id]
+        self._unindex(publication)
+        self._ipc_unsettled.discard(publication)
         if self._ipc_by_stream.get(publication.stream_id) is publication:
             del self._ipc_by_stream[publication.stream_id]
         self.budget.release(publication.log.length)
         publication.close()
         return out
+
+    def _unindex(self, publication: IpcPublication) -> None:
+        """``publication`` leaves the indexes by stream and session."""
+        of_stream = self._ipc_of_stream[publication.stream_id]
+        del of_stream[publication.registration_id]
+        if not of_stream:
+            del self._ipc_of_stream[publication.stream_id]
+        self._ipc_session_ids[publication.session_id] -= 1
+        if not self._ipc_session_ids[publication.session_id]:
+            del self._ipc_session_ids[publication.session_id]
 
     def _check_client_liveness(self, now_ns: int) -> Outgoing:
         out: Outgoing = []
@@ -767,7 +829,9 @@ class DriverConductor:
         """When the conductor next needs a cycle even if nothing happens (ns, the clock of
         :meth:`do_work`).  Asked after every idle duty cycle: plain loops, no generators."""
         network = self.network
-        ipc_publications = self.ipc_publications.values()
+        # A publication cleaning behind or in an open episode is unsettled.
+        ipc_publications = (self.ipc_publications.values()
+                            if self.drain_phase is not DrainPhase.NONE else self._ipc_unsettled)
         for publication in ipc_publications:
             if publication.is_cleaning_behind:
                 return self._last_cycle_ns  # overdue: clean the next chunk after one yield
@@ -858,6 +922,8 @@ class DriverConductor:
             publication.close()
         self.ipc_publications.clear()
         self._ipc_by_stream.clear()
+        self._ipc_of_stream.clear()
+        self._ipc_session_ids.clear()
         if self.network is not None:
             self.network.close(now_ns)
 

@@ -24,10 +24,16 @@ from slipstream.client.counters import (
     CounterType,
     SystemCounter,
 )
+from slipstream.client.layout import (
+    META_ACTIVE_TERM_COUNT,
+    META_LIMIT_HIT_TIME,
+    META_TAIL_COUNTERS,
+)
 from slipstream.client.logbuffer import LogBuffer, unblock
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.conductor.messages import ClientMessage, Outgoing
 from slipstream.daemon.conductor.untethered import UntetheredStream, check_untethered
+from slipstream.daemon.conductor.watch import WordWatch
 from slipstream.daemon.pressure.episodes import BackPressureEpisodes, EpisodeEvent
 from slipstream.daemon.protocol.log_cleaner import CLEAN_CHUNK_LENGTH, LogCleaner
 from slipstream.daemon.streams.tether import Subscriber, Tether, TetherablePosition
@@ -74,6 +80,14 @@ class IpcPublication:
     _last_limit_consumer: int = -1
     #: Set when the driver drains (SIGTERM): pub-lmt never rises past it again (bytes).
     credit_stop_position: int | None = None
+    #: The last update_limits found no subscriber (the unblock timer restarts when one joins).
+    _consumerless: bool = False
+    #: The conductor's watch on the words update_limits and sample_episodes read, which it
+    #: tells of every change they cannot see (:meth:`watch_words`); the slots of the log's
+    #: words, and each subscriber's (by counter id).
+    _watch: WordWatch | None = None
+    _log_slots: list[int] = attrs.Factory(list)
+    _subscriber_slots: dict[int, int] = attrs.Factory(dict)
 
     @classmethod
     def create(
@@ -159,7 +173,50 @@ class IpcPublication:
         subscriber = TetherablePosition(subscription, counter_id, self.counters.address(counter_id),
                                         tether)
         self.subscribers.append(subscriber)
+        if self._watch is not None:
+            self._subscriber_slots[counter_id] = self._watch.watch(subscriber.cell, self)
+            self._watch.mark(self)
         return subscriber
+
+    # -- the conductor's watch ---------------------------------------------------------------
+    def watch_words(self, watch: WordWatch) -> None:
+        """Have ``watch`` report this publication whenever a word its duty-cycle pass reads
+        may have changed: a client writes the log's tails and its limit-hit time, and each
+        subscriber's position; the publication itself marks its own changes (a subscriber
+        added or gone, draining, the credit stopped).  Marked at once: a new publication is
+        due."""
+        self._watch = watch
+        meta = self.log.meta
+        self._log_slots = [watch.watch(meta + field, self)
+                           for field in (META_TAIL_COUNTERS, META_TAIL_COUNTERS + 8,
+                                         META_TAIL_COUNTERS + 16, META_ACTIVE_TERM_COUNT,
+                                         META_LIMIT_HIT_TIME)]
+        for subscriber in self.subscribers:
+            self._subscriber_slots[subscriber.counter_id] = watch.watch(subscriber.cell, self)
+        watch.mark(self)
+
+    def _forget_words(self) -> None:
+        watch = self._watch
+        if watch is None:
+            return
+        for slot in (*self._log_slots, *self._subscriber_slots.values()):
+            watch.forget(slot)
+        self._log_slots.clear()
+        self._subscriber_slots.clear()
+        self._watch = None
+
+    @property
+    def is_settled(self) -> bool:
+        """A pass now would find what the last found and owe no timer: ACTIVE, no untethered
+        subscriber (their timers run on the clock), nothing left to clean, no open episode,
+        and every subscriber at the producer's position (the unblock timer runs only behind
+        it).  Until one of its watched words changes, the conductor may skip it."""
+        return (self.state is IpcPublicationState.ACTIVE and not self.resting
+                and self.credit_stop_position is None
+                and all(s.tether is None for s in self.subscribers)
+                and not self.cleaner.is_behind and not self.episodes.is_open
+                and (not self.subscribers
+                     or self._last_consumer_position >= self.log.producer_position()))
 
     def check_untethered(
             self, relink: Callable[[Subscriber], ClientMessage | None],
@@ -184,6 +241,8 @@ class IpcPublication:
         for subscriber in self.resting:
             if subscriber.subscription.registration_id == subscription_id:
                 self.resting.remove(subscriber)
+                if self._watch is not None:
+                    self._watch.mark(self)
                 return subscriber
         for subscriber in self.subscribers:
             if subscriber.subscription.registration_id == subscription_id:
@@ -194,6 +253,9 @@ class IpcPublication:
     def _unlink(self, subscriber: TetherablePosition[Subscriber]) -> None:
         """The subscriber's position holds the log no more, and its counter is freed."""
         self.subscribers.remove(subscriber)
+        if self._watch is not None:
+            self._watch.forget(self._subscriber_slots.pop(subscriber.counter_id))
+            self._watch.mark(self)
         self.counters.free(subscriber.counter_id)
 
     def _position_of(self, subscriber: TetherablePosition[Subscriber], producer: int) -> int:
@@ -228,8 +290,14 @@ class IpcPublication:
             if self.counters.get(self.publisher_limit_id) != producer:
                 self._set_limit(producer)
             self._time_of_last_consumer_change_ns = now_ns
+            self._consumerless = True
             self.cleaner.hold()  # nothing to clean for until one joins
             return work
+        if self._consumerless:
+            # The first pass with a subscriber: the passes without one restarted the timer
+            # each cycle, and the conductor skips them while nothing moves (``is_settled``).
+            self._consumerless = False
+            self._time_of_last_consumer_change_ns = now_ns
         # Clean first: the raised limit may let the publisher into the partition just cleaned.
         work += self.cleaner.clean_toward(consumer)
         limit = min(consumer + self.term_window_length, self.cleaner.reusable_limit())
@@ -292,6 +360,8 @@ class IpcPublication:
         """The driver drains: offers from now on are back-pressured (pub-lmt at the position
         the log has reached; an offer already past its limit check may still land)."""
         self.credit_stop_position = self.log.producer_position()
+        if self._watch is not None:
+            self._watch.mark(self)
         self._set_limit(min(self.counters.get(self.publisher_limit_id),
                             self.credit_stop_position))
         self._drop_left_behind()
@@ -315,6 +385,8 @@ class IpcPublication:
     def start_draining(self) -> None:
         """The last publisher left: subscribers may read what is there, then the log goes."""
         self.state = IpcPublicationState.DRAINING
+        if self._watch is not None:
+            self._watch.mark(self)
         self._drop_left_behind()
         self.log.end_of_stream_position = self.log.producer_position()
         self.log.signal_readers()
@@ -328,6 +400,7 @@ class IpcPublication:
     def close(self) -> None:
         """Free the counters and delete the log file (mapped readers keep their pages)."""
         self.state = IpcPublicationState.DONE
+        self._forget_words()
         for subscriber in self.subscribers:
             self.counters.free(subscriber.counter_id)
         self.subscribers.clear()

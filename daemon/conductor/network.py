@@ -47,7 +47,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -213,8 +213,9 @@ class NetworkConductor:
                 or self.log_maker.has_done or self.log_pool.changes != self._pool_changes)
 
     @property
-    def used_session_ids(self) -> set[int]:
-        return {entry.publication.session_id for entry in self.publications.values()}
+    def used_session_ids(self) -> Container[int]:
+        """The session ids of the network publications (a count of each)."""
+        return self._send_side.session_ids
 
     # -- host names resolved again (docs/PROTOCOL.md §7.2) ----------------------------------
     def names_due(self, now_ns: int) -> list[str]:

@@ -480,16 +480,19 @@ class ReceiveSide:
         settings = self.settings
         if len(self._pending) >= settings.image_pending_max:
             return (SystemCounter.IMAGE_PENDING_REFUSED,
-                    f"{len(self._pending)} image logs are being made, image_pending_max")
+                    f"{len(self._pending)} image logs are being made, image_pending_max "
+                    f"({settings.image_pending_max})")
         images, used, pending = self._source_use.get(host, (0, 0, 0))
         # One address may hold half of the logs being made: a flood from one host leaves
         # room for the others' SETUPs.
         if pending >= max(1, settings.image_pending_max // 2):
             return (SystemCounter.IMAGE_PENDING_REFUSED,
-                    f"{host} has {pending} image logs being made, half of image_pending_max")
+                    f"{host} has {pending} image logs being made, half of image_pending_max "
+                    f"({settings.image_pending_max})")
         if images >= settings.image_source_max_images:
             return (SystemCounter.IMAGE_SOURCE_IMAGES_REFUSED,
-                    f"{host} has {images} images here, image_source_max_images")
+                    f"{host} has {images} images here, image_source_max_images "
+                    f"({settings.image_source_max_images})")
         if used + length > settings.image_source_memory_limit:
             return (SystemCounter.IMAGE_SOURCE_MEMORY_REFUSED,
                     f"its log of {length / 2**20:g} MiB would take the logs of {host}'s "

@@ -18,6 +18,7 @@ endpoint on :class:`EndpointRemoved`.  A new publication's spies are linked by
 
 from __future__ import annotations
 
+import collections
 import ipaddress
 import logging
 import random
@@ -72,6 +73,7 @@ from slipstream.daemon.conductor.sharing import (
     destination_of,
     send_endpoint_key,
 )
+from slipstream.daemon.conductor.watch import WordWatch
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow.registry import flow_control_for
 from slipstream.daemon.media.destinations import (
@@ -145,6 +147,15 @@ class SendSide:
         self.subscriptions = subscriptions
         self._receive_endpoints = receive_endpoints
         self._spy_subscriptions = spy_subscriptions
+        #: The words each publication's episodes are sampled from (:meth:`sample_episodes`),
+        #: watched, with each one's slots; and the publications in an open episode, sampled
+        #: every cycle.  The others are sampled only when a word moved: the same inputs
+        #: again would answer nothing.
+        self._episode_watch = WordWatch()
+        self._episode_slots: dict[int, list[int]] = {}
+        self._episodes_open: set[_PublicationEntry] = set()
+        #: How many publications use each session id.
+        self.session_ids: collections.Counter[int] = collections.Counter()
         #: How much of the text receivers send (ERR reasons) reaches the log.
         self._remote_text = RemoteTextLimiter()
         self.names = names
@@ -276,6 +287,8 @@ class SendSide:
                                   durable_counter_ids=_durable_ids(kinds, counter_ids))
         endpoint.publications += 1
         self.publications[registration_id] = entry
+        self.session_ids[publication.session_id] += 1
+        self._watch_episode_words(entry)
         if shared:
             self._shared_publications[key] = entry
         self.sender_proxy.on_add_publication(endpoint.endpoint, publication)
@@ -363,6 +376,10 @@ class SendSide:
         # Any spies left (none once it lingered).
         out = self._spy_subscriptions.on_spies_released(event.publication)
         del self.publications[entry.registration_id]
+        self._forget_episode_words(entry)
+        self.session_ids[entry.publication.session_id] -= 1
+        if not self.session_ids[entry.publication.session_id]:
+            del self.session_ids[entry.publication.session_id]
         if self._shared_publications.get(entry.key) is entry:
             del self._shared_publications[entry.key]
         for counter_id in entry.counter_ids:
@@ -692,20 +709,25 @@ class SendSide:
     @property
     def has_open_episode(self) -> bool:
         """Whether a publication is in a back-pressure episode."""
-        for entry in self.publications.values():
-            if entry.episodes.is_open:
-                return True
-        return False
+        return bool(self._episodes_open)
 
     def sample_episodes(self, now_ns: int) -> list[tuple[int, EpisodeEvent]]:
         """Each publication's back-pressure episodes that began or ended since the last
-        sample, with the publication's registration id."""
+        sample, with the publication's registration id: those in an open episode and those
+        whose words moved (or new), in the order they were made."""
+        due = [entry for entry in self._episodes_open.union(self._episode_watch.changed())
+               if entry.registration_id in self._episode_slots]
+        due.sort(key=lambda entry: entry.registration_id)
         events: list[tuple[int, EpisodeEvent]] = []
-        for entry in self.publications.values():
+        for entry in due:
             for event in entry.episodes.sample(
                     now_ns, *entry.readings.read(),
                     window_start=entry.publication.sender_position):
                 events.append((entry.registration_id, event))
+            if entry.episodes.is_open:
+                self._episodes_open.add(entry)
+            else:
+                self._episodes_open.discard(entry)
         return events
 
     def _discard(self, log_buffer: LogBuffer) -> None:
@@ -717,15 +739,31 @@ class SendSide:
         length = log_buffer.length
         self._log_maker.discard(log_buffer, lambda: self.budget.release(length))
 
+    def _watch_episode_words(self, entry: _PublicationEntry) -> None:
+        """Sample ``entry``'s episodes when a word they are read from moves (and at the next
+        sample: it has none yet).  Its snd-pos (the window's start) is the counter the C half
+        publishes with the cell ``sender_position`` reads."""
+        watch = self._episode_watch
+        words = [*entry.readings.words(), entry.publication.positions.sender_position]
+        self._episode_slots[entry.registration_id] = [watch.watch(word, entry) for word in words]
+        watch.mark(entry)
+
+    def _forget_episode_words(self, entry: _PublicationEntry) -> None:
+        for slot in self._episode_slots.pop(entry.registration_id, ()):
+            self._episode_watch.forget(slot)
+        self._episodes_open.discard(entry)
+
     # -- closing ------------------------------------------------------------------------------
     def free_publications(self) -> None:
         """Free every publication's counters (its spies' too) and log (the network thread has
         stopped)."""
         for entry in list(self.publications.values()):
+            self._forget_episode_words(entry)
             for counter_id in [*entry.counter_ids, *(link.counter_id for link in entry.spies)]:
                 self.counters.free(counter_id)
             discard_log(entry.log, self.budget)
         self.publications.clear()
+        self.session_ids.clear()
         self._shared_publications.clear()
 
     def close_endpoints(self) -> None:

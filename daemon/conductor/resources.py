@@ -72,14 +72,23 @@ class LogBudget:
             self.pool.set_room(self.limit - self.used)
 
 
-def check_room_for_log(path: Path, length: int) -> None:
+def check_room_for_log(path: Path, length: int, *, logs_length: int | None = None) -> None:
     """Raise OSError(ENOSPC) unless the filesystem of ``path`` (a log file in a driver's
     ``publications/`` or ``images/``) has room for ``length`` bytes beyond what the driver's
     sparse logs have not written yet, for a log of either kind: a sparse log takes its pages
     as it is written, and a write to a page the filesystem cannot give kills the writer with
     SIGBUS (a driver, with every stream of the host), so neither a sparse log nor a dense one
     may take the room another sparse log will need.  Room taken later by others is not
-    foreseen; a filesystem that reports no size (tmpfs size=0: unlimited) is not checked."""
+    foreseen; a filesystem that reports no size (tmpfs size=0: unlimited) is not checked.
+    ``logs_length``: the length of all the driver's logs (:attr:`LogBudget.used`), a bound
+    of what they may still take: with that much free, the logs are not looked at one by one
+    (a look that costs in proportion to the streams)."""
+    usage = os.statvfs(path.parent)
+    if usage.f_blocks == 0:
+        return
+    free = usage.f_bavail * usage.f_frsize
+    if logs_length is not None and free >= length + logs_length:
+        return
     promised = 0
     for folder in (control.PUBLICATIONS_DIR, control.IMAGES_DIR):
         with contextlib.suppress(FileNotFoundError), os.scandir(path.parent.parent / folder) \
@@ -89,10 +98,6 @@ def check_room_for_log(path: Path, length: int) -> None:
                     with contextlib.suppress(FileNotFoundError):
                         status = entry.stat(follow_symlinks=False)
                         promised += max(0, status.st_size - status.st_blocks * 512)
-    usage = os.statvfs(path.parent)
-    if usage.f_blocks == 0:
-        return
-    free = usage.f_bavail * usage.f_frsize
     if free < length + promised:
         raise OSError(errno.ENOSPC, f"{free / 2**20:g} MiB free for a log of "
                                     f"{length / 2**20:g} MiB, and the driver's sparse logs "

@@ -149,8 +149,10 @@ class CountersCollector(Collector):
             "slipstream_drops", "What the driver received and dropped, by cause "
             "(docs/SECURITY.md)", labels=["cause"])
         clients = 0
+        allocated = 0
         owned: dict[int, GaugeMetricFamily] = {}  # the counters clients added, by type id
         for info in counters:
+            allocated += 1
             if not is_driver_type(info.type_id):
                 family = owned.get(info.type_id)
                 if family is None:
@@ -227,6 +229,12 @@ class CountersCollector(Collector):
         yield from owned.values()
         yield GaugeMetricFamily("slipstream_clients", "Clients connected to the driver",
                                 value=clients)
+        yield GaugeMetricFamily("slipstream_counters_allocated",
+                                "Counters in use in the driver's counters file", value=allocated)
+        yield GaugeMetricFamily(
+            "slipstream_counters_capacity",
+            "Counters the driver's counters file holds (the setting counters_capacity)",
+            value=counters.capacity)
         yield GaugeMetricFamily(
             "slipstream_driver_heartbeat_age_seconds", "Time since the driver's last duty cycle",
             value=max(0.0, (time.time_ns() - counters.driver_heartbeat_ns) / 1e9))

@@ -22,7 +22,8 @@ Eight sections, each read from the files the driver maps (it is never asked anyt
 * **counters**: every counter with its id, type and full label.
 
 ``--json`` prints one snapshot as a JSON object with the same content.  The header names the
-driver's pid and heartbeat age, and flags a driver that died (its lock is free) or whose
+driver's pid and heartbeat age, the counters in use of ``counters_capacity`` (``capacity`` in
+the JSON), and flags a driver that died (its lock is free) or whose
 heartbeat is older than the default driver_timeout; when a new driver takes the directory,
 the next refresh shows its counters.  ``--match`` filters every section, the loss report by
 its label with ``stream=<id> session=<id>`` (as position counters' labels carry them).
@@ -293,10 +294,17 @@ def drop_rows(counters: list[CounterInfo]) -> dict[str, CounterInfo]:
             if counter.value in by_id}
 
 
+def counters_use(allocated: int, capacity: int) -> str:
+    """The counters file's use, naming the setting that bounds it."""
+    return f"counters {allocated:,} of {capacity:,} (counters_capacity)"
+
+
 def snapshot_json(counters: list[CounterInfo], losses: list[LossObservation], *, pid: int,
                   heartbeat_age_s: float,
-                  errors: list[ErrorEntry] | None = None) -> dict[str, Any]:
-    """One snapshot as plain data (``slipstream stat --json``)."""
+                  errors: list[ErrorEntry] | None = None,
+                  capacity: dict[str, int] | None = None) -> dict[str, Any]:
+    """One snapshot as plain data (``slipstream stat --json``); ``capacity``: the counters
+    allocated and ``counters_capacity``."""
     system = {}
     for info in counters:
         if info.type_id == CounterType.SYSTEM:
@@ -307,6 +315,7 @@ def snapshot_json(counters: list[CounterInfo], losses: list[LossObservation], *,
     return {
         "driver_pid": pid,
         "heartbeat_age_s": heartbeat_age_s,
+        "capacity": capacity or {},
         "streams": [attrs.asdict(row) for row in stream_rows(counters)],
         "back_pressure": [attrs.asdict(row) for row in back_pressure_rows(counters)],
         "client_counters": [attrs.asdict(row) for row in client_counter_rows(counters)],
@@ -422,9 +431,12 @@ def run_stat(directory: str | None, *, interval: float = 1.0, once: bool = False
             previous_errors = read_error_log(path, PREVIOUS_FILE)
             age = (time.time_ns() - counters.driver_heartbeat_ns) / 1e9
             running = _driver_holds_lock(path)
+            allocated = sum(1 for _ in counters)
             if as_json:
-                snapshot_data = snapshot_json(snapshot, losses, pid=counters.driver_pid,
-                                              heartbeat_age_s=age, errors=errors)
+                snapshot_data = snapshot_json(
+                    snapshot, losses, pid=counters.driver_pid, heartbeat_age_s=age,
+                    errors=errors, capacity={"counters_allocated": allocated,
+                                             "counters_capacity": counters.capacity})
                 snapshot_data["previous_errors"] = [attrs.asdict(e) for e in previous_errors]
                 snapshot_data["driver_running"] = running
                 json.dump(snapshot_data, sys.stdout, indent=1)
@@ -432,7 +444,8 @@ def run_stat(directory: str | None, *, interval: float = 1.0, once: bool = False
                 return 0 if running else 1
             header = (f"slipstream driver pid {counters.driver_pid} in {path}  "
                       f"heartbeat {age:.1f} s ago  {time.strftime('%H:%M:%S')}"
-                      f"{_driver_state(path, counters, age)}")
+                      f"{_driver_state(path, counters, age)}\n"
+                      f"{counters_use(allocated, counters.capacity)}")
             if notice:
                 header += f"\n{notice}"
                 notice = ""

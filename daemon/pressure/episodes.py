@@ -91,6 +91,16 @@ class LogReadings:
         self._term_length = log.term_length
         self._position_bits = log.position_bits
 
+    def words(self) -> tuple[object, ...]:
+        """The 64-bit words :meth:`read` depends on (cffi ``int64_t *``): the tails, the word
+        holding the active term count, the one holding the connected flag, the limit last met
+        and when, and pub-lmt.  While none changes, :meth:`read` reads the
+        same."""
+        meta_word = ffi.cast("int64_t *", self._active_term_count)
+        connected_word = ffi.cast("int64_t *", self._connected)
+        return (*self._tails, meta_word, connected_word, self._hit_position, self._hit_time,
+                self._limit)
+
     def read(self) -> tuple[int, int, bool, int, int]:
         """(producer position, pub-lmt, whether a subscriber is connected, the limit a
         publisher last met, when: ns), positions in bytes, as ``sample`` takes them."""
