@@ -69,6 +69,8 @@ and a quiet subscriber still drops to ~0 % CPU within a millisecond."""
 #: without the GIL and must never touch an unmapped page; they see CLOSED from the flag set
 #: at close.  A client whose every stream is used and closed by one thread may pass
 #: ``resource_linger_s=0`` to :meth:`Client.connect` (the client's own close() keeps this).
+#: A count of the threads inside C per log would need an atomic add and subtract on every
+#: offer: 12 ns here, against a 41 ns offer from Python and a 15 ns one from C.
 RESOURCE_LINGER_S = 3.0
 #: How often the client's conductor thread looks for the driver's events even when zmq's FD
 #: did not say there are any, s: a safety net only (each look takes the GIL from the
