@@ -112,7 +112,11 @@ class ArchiveService:
             self.catalog = Catalog.open(self.directory)
             self.recovered = recover(self.catalog, self.directory)
             self._own_client = client is None
-            self.client = client if client is not None else Client.connect(settings.driver_dir)
+            # The service's thread alone uses and closes its streams (the replication's
+            # caller thread its own links): a replay's or a call's logs go as it ends, for
+            # the driver to give their files to the next (log_reuse_bytes).
+            self.client = client if client is not None else Client.connect(
+                settings.driver_dir, resource_linger_s=0)
         except BaseException:
             os.close(self._lock_fd)
             raise

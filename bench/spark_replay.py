@@ -27,8 +27,9 @@ with the same window, plus its set-up and two new logs: the stream is the refere
 measured against (its publisher offers from Python, where a replay's holder copies blocks:
 a reference, not a proof of a bound).  The drivers make a replay's logs in the files of
 earlier replays' logs they released (``log_reuse_bytes``) once no process maps those: the
-clients keep a closed stream's mapping for 3 s (their resource linger), so back to back
-replays get new files; ``--gap S`` pauses S seconds before each replay (4 lets every replay
+holder's and the reader's clients unmap a closed replay's logs at once
+(``resource_linger_s=0``), but the reader's driver holds a replay's image a while after its
+subscription closed; ``--gap S`` pauses S seconds before each replay (4 lets every replay
 after the first two find its logs kept), and ``--set KEY=VALUE`` sets both drivers'
 settings (``--set log_reuse_bytes=0``: new files always).  The command prints how many logs
 each driver made from released ones.

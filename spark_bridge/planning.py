@@ -102,7 +102,9 @@ class _Holder:
         self.catalog: Catalog | None = None
         self.recordings: dict[int, Recording] = {}
         self._stopping = False
-        self.client = Client.connect(directory)
+        # Its thread alone replays and closes its replays' publications: their logs go as
+        # a replay ends, for the driver to give their files to the next (log_reuse_bytes).
+        self.client = Client.connect(directory, resource_linger_s=0)
         try:
             control_stream = random.randrange(1, INT32_MAX)
             self.control = ArchiveControl(self, address, 0 if key is not None else port,

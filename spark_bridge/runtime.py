@@ -43,7 +43,10 @@ def client_for(directory: str | None) -> Client:
                 # Cut off (its driver was lost or restarted): close it, or its thread, its
                 # socket and every log of its publications stay until the worker ends.
                 client.close()
-            client = Client.connect(directory)
+            # A worker runs its tasks one at a time, each on one thread, which offers to,
+            # polls and closes its streams: a closed replay's logs go at once, so that the
+            # driver gives their files to the next replay (log_reuse_bytes).
+            client = Client.connect(directory, resource_linger_s=0)
             _clients[key] = client
         return client
 

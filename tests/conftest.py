@@ -242,6 +242,7 @@ MODULE_LANES = {
     "test_retransmit": "unit",
     "test_setup_flood": "sockets",
     "test_log_reuse": "sockets",
+    "test_resource_linger": "sockets",
     "test_setup_flood_hosts": "hosts",
     "test_sim_cli": "sim",
     "test_sim_control": "sim",
