@@ -11,6 +11,9 @@ processes over loopback, in /dev/shm:
 * the pool keeps at most ``log_reuse_bytes`` (the oldest go first), no more than the logs in
   use leave of ``log_buffer_memory_limit``, and deletes a file kept ``log_reuse_timeout``; 0
   keeps none; a bad value names its key;
+* the kept files give way on the logs' filesystem too: a log that finds too little room
+  there has the oldest deleted (a small /dev/shm), and a log made in a kept file needs no
+  room for the pages it brings;
 * the driver's directory clean-up removes kept files.
 """
 
@@ -23,7 +26,17 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import Collector, connect, counters_of, free_port, stream, wait_for
+from helpers import (
+    NETWORK_SETTINGS,
+    Collector,
+    connect,
+    counters_of,
+    free_port,
+    resize_tmpfs,
+    small_tmpfs,
+    stream,
+    wait_for,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -273,6 +286,66 @@ def test_kept_files_give_way_to_new_logs_within_log_buffer_memory_limit(launch) 
         collector.assert_exactly(8 * TERM // 1024)
         publication.close()
         subscription.close()
+
+
+def free_bytes(folder: Path) -> int:
+    usage = os.statvfs(folder)
+    return usage.f_bavail * usage.f_frsize
+
+
+def used_bytes(folder: Path) -> int:
+    usage = os.statvfs(folder)
+    return (usage.f_blocks - usage.f_bfree) * usage.f_frsize
+
+
+def test_kept_files_give_way_to_a_new_log_on_a_full_filesystem(tmp_path: Path) -> None:
+    """On a small tmpfs (as Docker's 64 MiB /dev/shm) where the two kept logs of a stream
+    leave too little room for a stream of longer terms, the longer logs are made, not
+    refused: one kept file (the oldest) is deleted for the room, the other stays, and the new
+    stream is read whole."""
+    longer = compute_log_length(2 * TERM)
+    with small_tmpfs(tmp_path / "shm", 64 * 2**20) as shm, MediaDriver.launch(
+            directory=shm / "driver", **{**NETWORK_SETTINGS, **REUSE}) as driver, \
+            Client.connect(driver.directory) as client:
+        run_stream(client, f"aeron:udp?endpoint=127.0.0.1:{free_port()}", 4 * TERM // 1024)
+        wait_for(lambda: kept_ready(driver, 2), timeout=10, what="both logs kept")
+        kept = released(driver)
+        kept_bytes = sum(p.stat().st_blocks * 512 for p in kept)
+        assert kept_bytes == 2 * LOG_LENGTH  # written through
+        # Room for the two longer logs but a quarter of what the kept files hold.
+        resize_tmpfs(shm, used_bytes(shm) + 2 * longer - kept_bytes // 4)
+        assert free_bytes(shm) < 2 * longer
+        uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}|term-length={2 * TERM}"
+        subscription = client.add_subscription(uri, STREAM)
+        publication = client.add_publication(uri, STREAM)
+        connect(publication, subscription)
+        remaining = released(driver)
+        assert len(remaining) == 1 and set(remaining) < set(kept)
+        collector = Collector(subscription)
+        stream(publication, [collector], 8 * TERM // 1024, lambda i: 1000)
+        collector.assert_exactly(8 * TERM // 1024)
+        assert counters_of(driver)["LOGS_REUSED"] == 0
+        publication.close()
+        subscription.close()
+
+
+def test_a_log_made_in_a_kept_file_needs_room_only_for_pages_it_lacks(
+        tmp_path: Path) -> None:
+    """On a tmpfs with less free than a log's length, a stream whose logs' length the pool
+    keeps is made in the kept files (their pages there already), not refused."""
+    with small_tmpfs(tmp_path / "shm", 64 * 2**20) as shm, MediaDriver.launch(
+            directory=shm / "driver", **{**NETWORK_SETTINGS, **REUSE}) as driver, \
+            Client.connect(driver.directory) as client:
+        run_stream(client, f"aeron:udp?endpoint=127.0.0.1:{free_port()}", 4 * TERM // 1024)
+        wait_for(lambda: kept_ready(driver, 2), timeout=10, what="both logs kept")
+        kept = {p.stat().st_ino for p in released(driver)}
+        resize_tmpfs(shm, used_bytes(shm) + LOG_LENGTH // 2)
+        assert free_bytes(shm) < LOG_LENGTH
+        run_stream(client, f"aeron:udp?endpoint=127.0.0.1:{free_port()}", 4 * TERM // 1024,
+                   first=1000)
+        assert counters_of(driver)["LOGS_REUSED"] == 2
+        wait_for(lambda: kept_ready(driver, 2), timeout=10, what="both logs kept again")
+        assert {p.stat().st_ino for p in released(driver)} == kept
 
 
 def test_a_kept_file_is_deleted_after_log_reuse_timeout(launch) -> None:

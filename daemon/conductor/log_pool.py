@@ -27,9 +27,10 @@ What a kept file guarantees, so that every reader and writer finds it as a fresh
 * The pool holds at most ``log_reuse_bytes`` of memory (the pages its files hold, not
   their lengths), and within ``log_buffer_memory_limit`` no more than the logs in use leave
   of it (:meth:`LogPool.set_room`: a new log that needs the room has the oldest kept files
-  deleted), so the limit bounds the logs and the kept files together; a file kept
-  ``log_reuse_timeout`` without being taken is deleted, so an idle driver gives the memory
-  back.  ``log_reuse_bytes = 0`` keeps nothing.
+  deleted), so the limit bounds the logs and the kept files together; on the filesystem
+  too, a new log that lacks room there has the oldest deleted (:meth:`LogPool.give_way`);
+  a file kept ``log_reuse_timeout`` without being taken is deleted, so an idle driver
+  gives the memory back.  ``log_reuse_bytes = 0`` keeps nothing.
 
 Its files keep their names, ``<registration id>.logbuffer``, in the driver directory's
 ``released/`` folder, and a zeroed one's metadata is all zero but that id (as the
@@ -209,6 +210,17 @@ class LogPool:
             if victims:
                 self._changed_locked()
         _delete(victims)
+
+    def give_way(self) -> bool:
+        """Delete the oldest kept file (ready or not), now, on this thread: a new log needs
+        the room it takes on the filesystem.  False: none is kept."""
+        with self._lock:
+            if not self._kept:
+                return False
+            oldest = self._kept.pop(0)
+            self._changed_locked()
+        _delete([oldest])
+        return True
 
     def settle(self) -> None:
         """Zero the kept files that no process maps any more (they may be taken from now
