@@ -7,7 +7,8 @@ processes over loopback, in /dev/shm:
   stream had reached (several term rotations, offsets drawn by hypothesis);
 * a released log that a process still maps is neither zeroed nor handed out until it is
   unmapped, so no mapping of an old stream can ever see a new stream's data; the check is
-  the kernel's (a write lease);
+  the kernel's (a write lease), held while the file is zeroed and handed out: a file a
+  process opens meanwhile is deleted, not handed out;
 * the pool keeps at most ``log_reuse_bytes`` (the oldest go first), no more than the logs in
   use leave of ``log_buffer_memory_limit``, and deletes a file kept ``log_reuse_timeout``; 0
   keeps none; a bad value names its key;
@@ -22,6 +23,8 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -44,6 +47,7 @@ from slipstream.client import Client, control
 from slipstream.client.errors import ConfigurationError
 from slipstream.client.layout import LOG_META_DATA_LENGTH, META_MTU_LENGTH
 from slipstream.client.logbuffer import LogBuffer, compute_log_length
+from slipstream.daemon.conductor import log_pool
 from slipstream.daemon.conductor.log_pool import LogPool, is_unshared
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.driver import MediaDriver
@@ -62,11 +66,21 @@ def released(driver: MediaDriver) -> list[Path]:
                   key=lambda p: int(p.stem))
 
 
+def leases_of(path: Path) -> list[str]:
+    """The kernel's lines (/proc/locks) of the leases on the file at ``path``."""
+    inode = path.stat().st_ino
+    with open("/proc/locks") as locks:
+        return [line for line in locks if "LEASE" in line and f":{inode} " in line]
+
+
 def is_ready(path: Path) -> bool:
     """Whether the pool zeroed the kept file at ``path`` (its metadata, written last, holds
     the term length but no MTU): the clients' mappings are gone (their resource linger, 3 s,
-    ended)."""
+    ended).  Not opened while the pool holds its lease (zeroing it): an open then would
+    have the pool delete it."""
     try:
+        if leases_of(path):
+            return False
         with open(path, "rb") as f:
             f.seek(3 * TERM)
             meta = f.read(LOG_META_DATA_LENGTH)
@@ -449,3 +463,68 @@ def test_the_pool_hands_out_only_a_file_of_the_length_asked(shm: Path) -> None:
     LogBuffer.create(shm / "8.logbuffer", reused=True, **made).close()
     LogBuffer.create(shm / "9.logbuffer", **made).close()
     assert (shm / "8.logbuffer").read_bytes() == (shm / "9.logbuffer").read_bytes()
+
+
+def a_kept_log(shm: Path) -> tuple[LogPool, Path]:
+    """A pool in ``shm``, and a log file of a stream written, released to it (the file's
+    path in the pool)."""
+    folder = shm / control.RELEASED_LOGS_DIR
+    folder.mkdir()
+    pool = LogPool(folder, 1 << 30, 10**10)
+    log = LogBuffer.create(shm / "7.logbuffer", term_length=TERM, initial_term_id=3,
+                           session_id=1, stream_id=2, mtu=1408, correlation_id=7)
+    log.term_view(1)[:5] = b"hello"
+    path = log.path
+    log.close()
+    return pool, folder / path.name
+
+
+def open_in_another_process(path: Path) -> subprocess.Popen:
+    """A process that opens ``path`` for reading (held until the pool drops its lease),
+    and waits until the kernel shows the break of the pool's lease it begins."""
+    opener = subprocess.Popen([sys.executable, "-c",
+                               "import os, sys; os.close(os.open(sys.argv[1], os.O_RDONLY))",
+                               str(path)])
+    wait_for(lambda: any("BREAKING" in line for line in leases_of(path)),
+             what="the pool's lease breaking")
+    return opener
+
+
+def test_a_kept_file_opened_while_it_is_zeroed_is_deleted(shm: Path, monkeypatch) -> None:
+    """A process that opens a released file while the pool zeroes it (here: as the zeros
+    are written) could keep it open, and read a later stream's data: the pool sees the
+    break of its lease and deletes the file rather than keep it."""
+    pool, kept = a_kept_log(shm)
+    zero_pages = log_pool.zero_pages
+    openers = []
+
+    def zero_and_open(fd: int, length: int) -> None:
+        zero_pages(fd, length)
+        openers.append(open_in_another_process(kept))
+
+    monkeypatch.setattr(log_pool, "zero_pages", zero_and_open)
+    assert pool.keep(shm / kept.name)
+    assert openers[0].wait(timeout=10) == 0  # it did open the file
+    assert pool.count == 0 and not kept.exists()
+    assert not pool.take(shm / "8.logbuffer", LOG_LENGTH)
+
+
+def test_a_kept_file_opened_while_it_is_taken_is_not_handed_out(shm: Path,
+                                                                  monkeypatch) -> None:
+    """A process that opens a kept file by its pool name as the pool hands it out (here:
+    once it is linked under the new log's name) makes the pool delete it instead: no file
+    is handed out, the new name does not exist, and the next take makes a log as new."""
+    pool, kept = a_kept_log(shm)
+    assert pool.keep(shm / kept.name) and pool.count == 1
+    link = os.link
+    openers = []
+
+    def link_and_open(source: Path, target: Path) -> None:
+        link(source, target)
+        openers.append(open_in_another_process(kept))
+
+    monkeypatch.setattr(os, "link", link_and_open)
+    assert not pool.take(shm / "8.logbuffer", LOG_LENGTH)
+    assert openers[0].wait(timeout=10) == 0
+    assert pool.count == 0 and pool.reused == 0
+    assert not kept.exists() and not (shm / "8.logbuffer").exists()

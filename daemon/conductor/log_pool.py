@@ -21,9 +21,12 @@ What a kept file guarantees, so that every reader and writer finds it as a fresh
   folder, so no new open can find it by its old name, then checked; a file still mapped
   (a client keeps a closed image's or publication's mapping for its resource linger, 3 s)
   waits in the pool, neither zeroed nor handed out, until no process maps it
-  (:meth:`LogPool.settle`, every 100 ms); the mapping keeps the data of its own stream.  It
-  is checked again when it is taken.  A process that opens a pool file by its name in the
-  driver's directory could open every log there already.
+  (:meth:`LogPool.settle`, every 100 ms); the mapping keeps the data of its own stream.  The
+  lease is held while the file is zeroed, and again while it is taken (linked under the new
+  log's name, its pool name unlinked): a process that opens it meanwhile begins a break of
+  the lease, which the pool sees, and the file is deleted instead of handed out
+  (:func:`write_lease`).  A process that opens a pool file by its name in the driver's
+  directory could open every log there already.
 * The pool holds at most ``log_reuse_bytes`` of memory (the pages its files hold, not
   their lengths), and within ``log_buffer_memory_limit`` no more than the logs in use leave
   of it (:meth:`LogPool.set_room`: a new log that needs the room has the oldest kept files
@@ -42,6 +45,7 @@ for publications.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -50,7 +54,7 @@ import signal
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import attrs
@@ -88,20 +92,45 @@ class FileInUse(Exception):
     """A released log file that a process still has open or mapped."""
 
 
-def is_unshared(fd: int) -> bool:
-    """Whether no open description of ``fd``'s file exists but ``fd``'s own (no other
-    process, nor this one, has it open or mapped): the kernel grants a write lease only then.
-    The lease is dropped at once; a break in between would signal SIGURG, which is ignored
-    unless a handler is set.  OSError where the kernel cannot tell (leases off:
-    ``fs.leases-enable = 0``, a filesystem without them, a file the driver does not own)."""
+class FileOpened(FileInUse):
+    """A released log file that a process opened while the pool held its write lease (a
+    lease break began): the process may keep it, so the pool deletes it."""
+
+
+@contextlib.contextmanager
+def write_lease(fd: int, path: Path) -> Iterator[None]:
+    """Hold a write lease on ``fd``'s file (at ``path``) for the block: FileInUse at once
+    if another open description of it exists (a process, this one included, has it open or
+    mapped: the kernel grants the lease only when none does), FileOpened at the block's end
+    if a process opened it meanwhile (the kernel then begins a break, which signals SIGURG,
+    ignored unless a handler is set, and holds that open until the lease is dropped).
+    OSError where the kernel cannot tell (leases off: ``fs.leases-enable = 0``, a filesystem
+    without them, a file the driver does not own)."""
     fcntl.fcntl(fd, _F_SETSIG, signal.SIGURG)
     try:
         fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
     except OSError as e:
         if e.errno in (errno.EAGAIN, errno.EBUSY):
-            return False
+            raise FileInUse(path) from None
         raise
-    fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+    try:
+        yield
+        # A break in progress shows the lease's type it will end at, not F_WRLCK.
+        if fcntl.fcntl(fd, fcntl.F_GETLEASE) != fcntl.F_WRLCK:
+            raise FileOpened(path)
+    finally:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+
+
+def is_unshared(fd: int) -> bool:
+    """Whether no open description of ``fd``'s file exists but ``fd``'s own (no other
+    process, nor this one, has it open or mapped), as :func:`write_lease` tells, which
+    holds the lease only for this call."""
+    try:
+        with write_lease(fd, Path(f"/proc/self/fd/{fd}")):
+            pass
+    except FileInUse:
+        return False
     return True
 
 
@@ -234,8 +263,8 @@ class LogPool:
 
     def take(self, path: Path, length: int) -> bool:
         """Put a kept file of ``length`` bytes, every byte zero, at ``path`` (which must not
-        exist): True, else False (none ready of that length, or each one found in use
-        again, and deleted)."""
+        exist): True, else False (none ready of that length, or each one found in use or
+        opened by a process as it was taken, and deleted)."""
         while True:
             with self._lock:
                 kept = next((k for k in reversed(self._kept)
@@ -244,18 +273,24 @@ class LogPool:
                     return False
                 self._kept.remove(kept)
                 self._changed_locked()
+            linked = False
             try:
                 fd = os.open(kept.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
                 try:
-                    if not is_unshared(fd):
-                        raise FileInUse(kept.path)
+                    # Under the lease: a process that opens the file by its pool name before
+                    # the name is gone shows as a break, and the file is not handed out.
+                    with write_lease(fd, kept.path):
+                        os.link(kept.path, path)  # never over an existing file
+                        linked = True
+                        os.unlink(kept.path)
                 finally:
                     os.close(fd)
-                os.link(kept.path, path)  # never over an existing file
             except (OSError, FileInUse):
+                if linked:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
                 _delete([kept])
                 continue
-            _delete([kept])
             with self._lock:
                 self.reused += 1
                 self.changes += 1
@@ -302,6 +337,12 @@ class LogPool:
         brought within its bounds."""
         try:
             resident = _reset(kept.path, kept.registration_id)
+        except FileOpened:
+            with self._lock:
+                if kept in self._kept:
+                    self._kept.remove(kept)
+            _delete([kept])
+            resident = None
         except FileInUse:
             resident = None
         except OSError as e:
@@ -345,21 +386,21 @@ class LogPool:
 
 def _reset(path: Path, registration_id: int) -> int:
     """Zero the file at ``path`` and write its pool metadata (``registration_id`` as its
-    correlation id); returns the bytes its pages hold.  FileInUse when another open
-    description of it exists (a process maps it)."""
+    correlation id), under a write lease; returns the bytes its pages hold.  FileInUse when
+    another open description of it exists (a process maps it), FileOpened when a process
+    opened it meanwhile."""
     fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        if not is_unshared(fd):
-            raise FileInUse(path)
-        length = os.fstat(fd).st_size
-        zero_pages(fd, length)
-        term_length = term_length_of_file(length)
-        meta = bytearray(LOG_META_DATA_LENGTH)
-        struct.pack_into("<q", meta, META_CORRELATION_ID, registration_id)
-        struct.pack_into("<ii", meta, META_TERM_LENGTH, term_length,
-                         _page_size_of(length, term_length))
-        os.pwrite(fd, meta, PARTITION_COUNT * term_length)
-        return os.fstat(fd).st_blocks * 512
+        with write_lease(fd, path):
+            length = os.fstat(fd).st_size
+            zero_pages(fd, length)
+            term_length = term_length_of_file(length)
+            meta = bytearray(LOG_META_DATA_LENGTH)
+            struct.pack_into("<q", meta, META_CORRELATION_ID, registration_id)
+            struct.pack_into("<ii", meta, META_TERM_LENGTH, term_length,
+                             _page_size_of(length, term_length))
+            os.pwrite(fd, meta, PARTITION_COUNT * term_length)
+            return os.fstat(fd).st_blocks * 512
     finally:
         os.close(fd)
 
