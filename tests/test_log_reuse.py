@@ -15,6 +15,8 @@ processes over loopback, in /dev/shm:
 * the kept files give way on the logs' filesystem too: a log that finds too little room
   there has the oldest deleted (a small /dev/shm), and a log made in a kept file needs no
   room for the pages it brings;
+* a large kept file is zeroed in pieces, between which the image log worker makes new
+  logs;
 * the driver's directory clean-up removes kept files.
 """
 
@@ -48,6 +50,7 @@ from slipstream.client.errors import ConfigurationError
 from slipstream.client.layout import LOG_META_DATA_LENGTH, META_MTU_LENGTH
 from slipstream.client.logbuffer import LogBuffer, compute_log_length
 from slipstream.daemon.conductor import log_pool
+from slipstream.daemon.conductor.image_logs import ImageLogMaker, LogJob, LogMaking
 from slipstream.daemon.conductor.log_pool import LogPool, is_unshared
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.driver import MediaDriver
@@ -498,9 +501,10 @@ def test_a_kept_file_opened_while_it_is_zeroed_is_deleted(shm: Path, monkeypatch
     zero_pages = log_pool.zero_pages
     openers = []
 
-    def zero_and_open(fd: int, length: int) -> None:
-        zero_pages(fd, length)
+    def zero_and_open(fd: int, length: int, start: int, most: int | None) -> int:
+        reached = zero_pages(fd, length, start, most)
         openers.append(open_in_another_process(kept))
+        return reached
 
     monkeypatch.setattr(log_pool, "zero_pages", zero_and_open)
     assert pool.keep(shm / kept.name)
@@ -528,3 +532,42 @@ def test_a_kept_file_opened_while_it_is_taken_is_not_handed_out(shm: Path,
     assert openers[0].wait(timeout=10) == 0
     assert pool.count == 0 and pool.reused == 0
     assert not kept.exists() and not (shm / "8.logbuffer").exists()
+
+
+def test_a_large_kept_file_is_zeroed_in_pieces_between_new_logs(shm: Path) -> None:
+    """A released log of more pages than the pool zeroes at a time (here its step is a
+    term) is zeroed over several of the image log worker's steps: a log asked for after it
+    is released is made at the next step, before the kept file is ready, and the file is
+    ready, its terms zero, after as many steps as its pieces."""
+    folder = shm / control.RELEASED_LOGS_DIR
+    folder.mkdir()
+    pool = LogPool(folder, 1 << 30, 10**10)
+    pool.zero_step = TERM
+    maker = ImageLogMaker(making=LogMaking.DEFERRED, pool=pool)
+    old = LogBuffer.create(shm / "7.logbuffer", term_length=TERM, initial_term_id=3,
+                           session_id=1, stream_id=2, mtu=1408, correlation_id=7)
+    for index in range(3):
+        old.term_view(index)[:] = b"\xff" * TERM
+    gone = []
+    maker.discard(old, lambda: gone.append(True))
+    made = {"term_length": 2 * TERM, "initial_term_id": 9, "session_id": 4, "stream_id": 5,
+            "mtu": 1408, "correlation_id": 8}
+    job = LogJob(shm / "8.logbuffer", compute_log_length(2 * TERM), made, request=None)
+    maker.submit(job)
+    maker.step()  # the release, and one piece zeroed
+    assert maker.take_gone() and pool.count == 1
+    maker.step()  # the new log
+    (done,) = maker.take_done()
+    assert isinstance(done.result, LogBuffer)
+    done.result.close()
+    kept = folder / "7.logbuffer"
+    assert not is_ready(kept)
+    steps = 0
+    while not is_ready(kept):
+        assert maker.has_done
+        maker.step()
+        steps += 1
+    assert steps >= 2  # three terms and the metadata page, a term at a time
+    assert kept.read_bytes()[:3 * TERM] == bytes(3 * TERM)
+    assert pool.take(shm / "9.logbuffer", LOG_LENGTH)
+    maker.close()
