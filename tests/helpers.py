@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -12,7 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -156,6 +157,31 @@ def lacking(reason: str) -> NoReturn:
     if os.environ.get("CI") == "true":
         pytest.fail(f"under CI=true: {reason}")
     pytest.skip(reason)
+
+
+@contextlib.contextmanager
+def small_tmpfs(mount_point: Path, size: int) -> Iterator[Path]:
+    """A tmpfs of ``size`` bytes mounted at ``mount_point`` (made if missing) for the block,
+    unmounted after (:func:`resize_tmpfs` changes its size).  Needs root and mount: without
+    them the test skips, and under CI=true it fails."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        lacking("needs root and mount, for a small tmpfs")
+    mount_point.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                           str(mount_point)], capture_output=True, text=True)
+    if done.returncode != 0:
+        lacking(f"mount -t tmpfs failed: {done.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def resize_tmpfs(mount_point: Path, size: int) -> None:
+    """Make the tmpfs at ``mount_point`` ``size`` bytes (rounded up to pages; no less than
+    it holds)."""
+    subprocess.run(["mount", "-o", f"remount,size={size}", str(mount_point)], check=True,
+                   capture_output=True)
 
 
 def as_another_user(uid: int) -> list[str]:

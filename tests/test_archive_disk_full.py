@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import Collector, lacking, message, wait_for
+from helpers import Collector, lacking, message, small_tmpfs, wait_for
 from test_archive import (
     archive_process,
     publish,
@@ -36,18 +36,8 @@ SIZE = 1024  # 1 KiB messages
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs, unmounted afterwards."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        lacking("needs root and mount, for a small tmpfs")
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        lacking(f"mount -t tmpfs failed: {done.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "disk", 2**20) as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 class FailingWriteBack:

@@ -7,10 +7,16 @@ processes over loopback, in /dev/shm:
   stream had reached (several term rotations, offsets drawn by hypothesis);
 * a released log that a process still maps is neither zeroed nor handed out until it is
   unmapped, so no mapping of an old stream can ever see a new stream's data; the check is
-  the kernel's (a write lease);
+  the kernel's (a write lease), held while the file is zeroed and handed out: a file a
+  process opens meanwhile is deleted, not handed out;
 * the pool keeps at most ``log_reuse_bytes`` (the oldest go first), no more than the logs in
   use leave of ``log_buffer_memory_limit``, and deletes a file kept ``log_reuse_timeout``; 0
   keeps none; a bad value names its key;
+* the kept files give way on the logs' filesystem too: a log that finds too little room
+  there has the oldest deleted (a small /dev/shm), and a log made in a kept file needs no
+  room for the pages it brings;
+* a large kept file is zeroed in pieces, between which the image log worker makes new
+  logs;
 * the driver's directory clean-up removes kept files.
 """
 
@@ -19,11 +25,23 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers import Collector, connect, counters_of, free_port, stream, wait_for
+from helpers import (
+    NETWORK_SETTINGS,
+    Collector,
+    connect,
+    counters_of,
+    free_port,
+    resize_tmpfs,
+    small_tmpfs,
+    stream,
+    wait_for,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,6 +49,8 @@ from slipstream.client import Client, control
 from slipstream.client.errors import ConfigurationError
 from slipstream.client.layout import LOG_META_DATA_LENGTH, META_MTU_LENGTH
 from slipstream.client.logbuffer import LogBuffer, compute_log_length
+from slipstream.daemon.conductor import log_pool
+from slipstream.daemon.conductor.image_logs import ImageLogMaker, LogJob, LogMaking
 from slipstream.daemon.conductor.log_pool import LogPool, is_unshared
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.driver import MediaDriver
@@ -49,11 +69,21 @@ def released(driver: MediaDriver) -> list[Path]:
                   key=lambda p: int(p.stem))
 
 
+def leases_of(path: Path) -> list[str]:
+    """The kernel's lines (/proc/locks) of the leases on the file at ``path``."""
+    inode = path.stat().st_ino
+    with open("/proc/locks") as locks:
+        return [line for line in locks if "LEASE" in line and f":{inode} " in line]
+
+
 def is_ready(path: Path) -> bool:
     """Whether the pool zeroed the kept file at ``path`` (its metadata, written last, holds
     the term length but no MTU): the clients' mappings are gone (their resource linger, 3 s,
-    ended)."""
+    ended).  Not opened while the pool holds its lease (zeroing it): an open then would
+    have the pool delete it."""
     try:
+        if leases_of(path):
+            return False
         with open(path, "rb") as f:
             f.seek(3 * TERM)
             meta = f.read(LOG_META_DATA_LENGTH)
@@ -275,6 +305,66 @@ def test_kept_files_give_way_to_new_logs_within_log_buffer_memory_limit(launch) 
         subscription.close()
 
 
+def free_bytes(folder: Path) -> int:
+    usage = os.statvfs(folder)
+    return usage.f_bavail * usage.f_frsize
+
+
+def used_bytes(folder: Path) -> int:
+    usage = os.statvfs(folder)
+    return (usage.f_blocks - usage.f_bfree) * usage.f_frsize
+
+
+def test_kept_files_give_way_to_a_new_log_on_a_full_filesystem(tmp_path: Path) -> None:
+    """On a small tmpfs (as Docker's 64 MiB /dev/shm) where the two kept logs of a stream
+    leave too little room for a stream of longer terms, the longer logs are made, not
+    refused: one kept file (the oldest) is deleted for the room, the other stays, and the new
+    stream is read whole."""
+    longer = compute_log_length(2 * TERM)
+    with small_tmpfs(tmp_path / "shm", 64 * 2**20) as shm, MediaDriver.launch(
+            directory=shm / "driver", **{**NETWORK_SETTINGS, **REUSE}) as driver, \
+            Client.connect(driver.directory) as client:
+        run_stream(client, f"aeron:udp?endpoint=127.0.0.1:{free_port()}", 4 * TERM // 1024)
+        wait_for(lambda: kept_ready(driver, 2), timeout=10, what="both logs kept")
+        kept = released(driver)
+        kept_bytes = sum(p.stat().st_blocks * 512 for p in kept)
+        assert kept_bytes == 2 * LOG_LENGTH  # written through
+        # Room for the two longer logs but a quarter of what the kept files hold.
+        resize_tmpfs(shm, used_bytes(shm) + 2 * longer - kept_bytes // 4)
+        assert free_bytes(shm) < 2 * longer
+        uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}|term-length={2 * TERM}"
+        subscription = client.add_subscription(uri, STREAM)
+        publication = client.add_publication(uri, STREAM)
+        connect(publication, subscription)
+        remaining = released(driver)
+        assert len(remaining) == 1 and set(remaining) < set(kept)
+        collector = Collector(subscription)
+        stream(publication, [collector], 8 * TERM // 1024, lambda i: 1000)
+        collector.assert_exactly(8 * TERM // 1024)
+        assert counters_of(driver)["LOGS_REUSED"] == 0
+        publication.close()
+        subscription.close()
+
+
+def test_a_log_made_in_a_kept_file_needs_room_only_for_pages_it_lacks(
+        tmp_path: Path) -> None:
+    """On a tmpfs with less free than a log's length, a stream whose logs' length the pool
+    keeps is made in the kept files (their pages there already), not refused."""
+    with small_tmpfs(tmp_path / "shm", 64 * 2**20) as shm, MediaDriver.launch(
+            directory=shm / "driver", **{**NETWORK_SETTINGS, **REUSE}) as driver, \
+            Client.connect(driver.directory) as client:
+        run_stream(client, f"aeron:udp?endpoint=127.0.0.1:{free_port()}", 4 * TERM // 1024)
+        wait_for(lambda: kept_ready(driver, 2), timeout=10, what="both logs kept")
+        kept = {p.stat().st_ino for p in released(driver)}
+        resize_tmpfs(shm, used_bytes(shm) + LOG_LENGTH // 2)
+        assert free_bytes(shm) < LOG_LENGTH
+        run_stream(client, f"aeron:udp?endpoint=127.0.0.1:{free_port()}", 4 * TERM // 1024,
+                   first=1000)
+        assert counters_of(driver)["LOGS_REUSED"] == 2
+        wait_for(lambda: kept_ready(driver, 2), timeout=10, what="both logs kept again")
+        assert {p.stat().st_ino for p in released(driver)} == kept
+
+
 def test_a_kept_file_is_deleted_after_log_reuse_timeout(launch) -> None:
     """An idle driver gives the memory back: the kept files go by themselves."""
     driver = launch(**{**REUSE, "log_reuse_timeout": "5s"})
@@ -376,3 +466,108 @@ def test_the_pool_hands_out_only_a_file_of_the_length_asked(shm: Path) -> None:
     LogBuffer.create(shm / "8.logbuffer", reused=True, **made).close()
     LogBuffer.create(shm / "9.logbuffer", **made).close()
     assert (shm / "8.logbuffer").read_bytes() == (shm / "9.logbuffer").read_bytes()
+
+
+def a_kept_log(shm: Path) -> tuple[LogPool, Path]:
+    """A pool in ``shm``, and a log file of a stream written, released to it (the file's
+    path in the pool)."""
+    folder = shm / control.RELEASED_LOGS_DIR
+    folder.mkdir()
+    pool = LogPool(folder, 1 << 30, 10**10)
+    log = LogBuffer.create(shm / "7.logbuffer", term_length=TERM, initial_term_id=3,
+                           session_id=1, stream_id=2, mtu=1408, correlation_id=7)
+    log.term_view(1)[:5] = b"hello"
+    path = log.path
+    log.close()
+    return pool, folder / path.name
+
+
+def open_in_another_process(path: Path) -> subprocess.Popen:
+    """A process that opens ``path`` for reading (held until the pool drops its lease),
+    and waits until the kernel shows the break of the pool's lease it begins."""
+    opener = subprocess.Popen([sys.executable, "-c",
+                               "import os, sys; os.close(os.open(sys.argv[1], os.O_RDONLY))",
+                               str(path)])
+    wait_for(lambda: any("BREAKING" in line for line in leases_of(path)),
+             what="the pool's lease breaking")
+    return opener
+
+
+def test_a_kept_file_opened_while_it_is_zeroed_is_deleted(shm: Path, monkeypatch) -> None:
+    """A process that opens a released file while the pool zeroes it (here: as the zeros
+    are written) could keep it open, and read a later stream's data: the pool sees the
+    break of its lease and deletes the file rather than keep it."""
+    pool, kept = a_kept_log(shm)
+    zero_pages = log_pool.zero_pages
+    openers = []
+
+    def zero_and_open(fd: int, length: int, start: int, most: int | None) -> int:
+        reached = zero_pages(fd, length, start, most)
+        openers.append(open_in_another_process(kept))
+        return reached
+
+    monkeypatch.setattr(log_pool, "zero_pages", zero_and_open)
+    assert pool.keep(shm / kept.name)
+    assert openers[0].wait(timeout=10) == 0  # it did open the file
+    assert pool.count == 0 and not kept.exists()
+    assert not pool.take(shm / "8.logbuffer", LOG_LENGTH)
+
+
+def test_a_kept_file_opened_while_it_is_taken_is_not_handed_out(shm: Path,
+                                                                  monkeypatch) -> None:
+    """A process that opens a kept file by its pool name as the pool hands it out (here:
+    once it is linked under the new log's name) makes the pool delete it instead: no file
+    is handed out, the new name does not exist, and the next take makes a log as new."""
+    pool, kept = a_kept_log(shm)
+    assert pool.keep(shm / kept.name) and pool.count == 1
+    link = os.link
+    openers = []
+
+    def link_and_open(source: Path, target: Path) -> None:
+        link(source, target)
+        openers.append(open_in_another_process(kept))
+
+    monkeypatch.setattr(os, "link", link_and_open)
+    assert not pool.take(shm / "8.logbuffer", LOG_LENGTH)
+    assert openers[0].wait(timeout=10) == 0
+    assert pool.count == 0 and pool.reused == 0
+    assert not kept.exists() and not (shm / "8.logbuffer").exists()
+
+
+def test_a_large_kept_file_is_zeroed_in_pieces_between_new_logs(shm: Path) -> None:
+    """A released log of more pages than the pool zeroes at a time (here its step is a
+    term) is zeroed over several of the image log worker's steps: a log asked for after it
+    is released is made at the next step, before the kept file is ready, and the file is
+    ready, its terms zero, after as many steps as its pieces."""
+    folder = shm / control.RELEASED_LOGS_DIR
+    folder.mkdir()
+    pool = LogPool(folder, 1 << 30, 10**10)
+    pool.zero_step = TERM
+    maker = ImageLogMaker(making=LogMaking.DEFERRED, pool=pool)
+    old = LogBuffer.create(shm / "7.logbuffer", term_length=TERM, initial_term_id=3,
+                           session_id=1, stream_id=2, mtu=1408, correlation_id=7)
+    for index in range(3):
+        old.term_view(index)[:] = b"\xff" * TERM
+    gone = []
+    maker.discard(old, lambda: gone.append(True))
+    made = {"term_length": 2 * TERM, "initial_term_id": 9, "session_id": 4, "stream_id": 5,
+            "mtu": 1408, "correlation_id": 8}
+    job = LogJob(shm / "8.logbuffer", compute_log_length(2 * TERM), made, request=None)
+    maker.submit(job)
+    maker.step()  # the release, and one piece zeroed
+    assert maker.take_gone() and pool.count == 1
+    maker.step()  # the new log
+    (done,) = maker.take_done()
+    assert isinstance(done.result, LogBuffer)
+    done.result.close()
+    kept = folder / "7.logbuffer"
+    assert not is_ready(kept)
+    steps = 0
+    while not is_ready(kept):
+        assert maker.has_done
+        maker.step()
+        steps += 1
+    assert steps >= 2  # three terms and the metadata page, a term at a time
+    assert kept.read_bytes()[:3 * TERM] == bytes(3 * TERM)
+    assert pool.take(shm / "9.logbuffer", LOG_LENGTH)
+    maker.close()

@@ -53,8 +53,8 @@ from slipstream.daemon.conductor.resources import (
     LogBudget,
     ResourceError,
     StreamInterest,
-    check_room_for_log,
     log_start,
+    make_room_for_log,
     no_room_for_log,
 )
 from slipstream.daemon.conductor.sharing import (
@@ -423,7 +423,8 @@ class DriverConductor:
         reserved = self.budget.reserve(term_length, f"stream {stream_id} on aeron:ipc")
         try:
             # The budget counts this log already: what the others may take is the rest.
-            check_room_for_log(path, reserved, logs_length=self.budget.used - reserved)
+            make_room_for_log(path, reserved, self.budget.pool,
+                              logs_length=self.budget.used - reserved)
             publication = IpcPublication.create(
                 path=str(path),
                 registration_id=registration_id, stream_id=stream_id, session_id=session_id,

@@ -14,7 +14,8 @@ as much (about 0.1 s for 3 x 128 MiB): the worker does that too (:meth:`ImageLog
 hands back the caller's ``gone`` callback to run on its thread once the file is deleted (so
 that memory counts as used for as long as its file exists).  With a :class:`LogPool`, a
 discarded log's file is kept for a later log of the same length instead of deleted (zeroed
-there, on the worker), a new log takes one kept, and the worker deletes those kept too long;
+there, on the worker, in pieces of :attr:`LogPool.ZERO_STEP` between which the worker
+makes the logs queued), a new log takes one kept, and the worker deletes those kept too long;
 the network publications' logs are discarded here too, so that no log is zeroed or deleted
 on the conductor's thread.
 
@@ -83,6 +84,8 @@ class ImageLogMaker:
         self.pool = pool
         if pool is not None:
             pool.wake = self._wake_for_pool
+            if making is LogMaking.INLINE:
+                pool.zero_step = None  # nothing settles between calls: whole files at once
         self._wake = wake
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)

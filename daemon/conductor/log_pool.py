@@ -12,8 +12,10 @@ What a kept file guarantees, so that every reader and writer finds it as a fresh
 * Every byte of its terms reads zero when it is handed out, and :meth:`LogBuffer.create`
   then writes its metadata page whole (tails, term counts, flags, the default header, the
   end of stream), as in a new file.  Only the ranges the filesystem holds pages for
-  (``SEEK_DATA``) are written with zeros, at :meth:`LogPool.keep`; holes read zero already
-  and stay holes (a sparse log stays sparse).
+  (``SEEK_DATA``) are written with zeros, at :meth:`LogPool.keep` and the
+  :meth:`LogPool.settle` calls after it, :attr:`LogPool.ZERO_STEP` bytes per call, so that
+  the thread that calls them makes new logs between the pieces of a large file; holes read
+  zero already and stay holes (a sparse log stays sparse).
 * **No process can read it under its new name but those the new log is given to.**  A
   file is kept only when no process has it open or mapped, the driver included: the kernel
   grants a write lease (``F_SETLEASE``) only on a file without another open description, and
@@ -21,15 +23,19 @@ What a kept file guarantees, so that every reader and writer finds it as a fresh
   folder, so no new open can find it by its old name, then checked; a file still mapped
   (a client keeps a closed image's or publication's mapping for its resource linger, 3 s)
   waits in the pool, neither zeroed nor handed out, until no process maps it
-  (:meth:`LogPool.settle`, every 100 ms); the mapping keeps the data of its own stream.  It
-  is checked again when it is taken.  A process that opens a pool file by its name in the
-  driver's directory could open every log there already.
+  (:meth:`LogPool.settle`, every 100 ms); the mapping keeps the data of its own stream.  The
+  lease is held while the file is zeroed, and again while it is taken (linked under the new
+  log's name, its pool name unlinked): a process that opens it meanwhile begins a break of
+  the lease, which the pool sees, and the file is deleted instead of handed out
+  (:func:`write_lease`).  A process that opens a pool file by its name in the driver's
+  directory could open every log there already.
 * The pool holds at most ``log_reuse_bytes`` of memory (the pages its files hold, not
   their lengths), and within ``log_buffer_memory_limit`` no more than the logs in use leave
   of it (:meth:`LogPool.set_room`: a new log that needs the room has the oldest kept files
-  deleted), so the limit bounds the logs and the kept files together; a file kept
-  ``log_reuse_timeout`` without being taken is deleted, so an idle driver gives the memory
-  back.  ``log_reuse_bytes = 0`` keeps nothing.
+  deleted), so the limit bounds the logs and the kept files together; on the filesystem
+  too, a new log that lacks room there has the oldest deleted (:meth:`LogPool.give_way`);
+  a file kept ``log_reuse_timeout`` without being taken is deleted, so an idle driver
+  gives the memory back.  ``log_reuse_bytes = 0`` keeps nothing.
 
 Its files keep their names, ``<registration id>.logbuffer``, in the driver directory's
 ``released/`` folder, and a zeroed one's metadata is all zero but that id (as the
@@ -41,6 +47,7 @@ for publications.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -49,7 +56,7 @@ import signal
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import attrs
@@ -79,39 +86,97 @@ class _Kept:
     length: int  # bytes: the file's length
     resident: int  # bytes of memory its pages take
     kept_ns: int  # the clock's ns
-    #: Zeroed and checked unshared: it may be taken.  Until then a process still maps it.
+    #: Zeroed and checked unshared: it may be taken.  Until then a process still maps it,
+    #: or it is being zeroed.
     ready: bool = False
+    #: While it is zeroed, a step at a time: its descriptor, which holds the pool's write
+    #: lease, and the offset zeroed up to.
+    fd: int = -1
+    zeroed: int = 0
+    #: Deleted from the pool (its descriptor closed, its lease dropped).
+    deleted: bool = False
 
 
 class FileInUse(Exception):
     """A released log file that a process still has open or mapped."""
 
 
-def is_unshared(fd: int) -> bool:
-    """Whether no open description of ``fd``'s file exists but ``fd``'s own (no other
-    process, nor this one, has it open or mapped): the kernel grants a write lease only then.
-    The lease is dropped at once; a break in between would signal SIGURG, which is ignored
-    unless a handler is set.  OSError where the kernel cannot tell (leases off:
-    ``fs.leases-enable = 0``, a filesystem without them, a file the driver does not own)."""
+class FileOpened(FileInUse):
+    """A released log file that a process opened while the pool held its write lease (a
+    lease break began): the process may keep it, so the pool deletes it."""
+
+
+def take_lease(fd: int, path: Path) -> None:
+    """Take a write lease on ``fd``'s file (at ``path``): FileInUse if another open
+    description of it exists (a process, this one included, has it open or mapped: the
+    kernel grants the lease only when none does).  OSError where the kernel cannot tell
+    (leases off: ``fs.leases-enable = 0``, a filesystem without them, a file the driver does
+    not own).  A process that opens the file while the lease is held begins a break, which
+    signals SIGURG (ignored unless a handler is set) and holds that open until the lease is
+    dropped."""
     fcntl.fcntl(fd, _F_SETSIG, signal.SIGURG)
     try:
         fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
     except OSError as e:
         if e.errno in (errno.EAGAIN, errno.EBUSY):
-            return False
+            raise FileInUse(path) from None
         raise
-    fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+
+
+def drop_lease(fd: int, path: Path, *, check: bool = True) -> None:
+    """Drop the write lease :func:`take_lease` took; ``check``: FileOpened if a process
+    opened the file while it was held (a break began)."""
+    try:
+        # A break in progress shows the lease's type it will end at, not F_WRLCK.
+        opened = check and fcntl.fcntl(fd, fcntl.F_GETLEASE) != fcntl.F_WRLCK
+    finally:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+    if opened:
+        raise FileOpened(path)
+
+
+@contextlib.contextmanager
+def write_lease(fd: int, path: Path) -> Iterator[None]:
+    """Hold a write lease on ``fd``'s file (at ``path``) for the block
+    (:func:`take_lease`): FileInUse at once if another open description of it exists,
+    FileOpened at the block's end if a process opened it meanwhile."""
+    take_lease(fd, path)
+    try:
+        yield
+    except BaseException:
+        drop_lease(fd, path, check=False)
+        raise
+    drop_lease(fd, path)
+
+
+def is_unshared(fd: int) -> bool:
+    """Whether no open description of ``fd``'s file exists but ``fd``'s own (no other
+    process, nor this one, has it open or mapped), as :func:`write_lease` tells, which
+    holds the lease only for this call."""
+    try:
+        with write_lease(fd, Path(f"/proc/self/fd/{fd}")):
+            pass
+    except FileInUse:
+        return False
     return True
 
 
-def zero_pages(fd: int, length: int) -> None:
-    """Write zeros over every range of ``fd``'s file (``length`` bytes) that has pages;
-    holes stay holes.  ``pwrite`` releases the GIL, and writes into the pages where they
-    are, without mapping them."""
-    for start, end in resident_ranges(fd, length):
-        while start < end:
-            start += os.pwrite(fd, memoryview(_ZERO_CHUNK)[:min(end - start, len(_ZERO_CHUNK))],
-                               start)
+def zero_pages(fd: int, length: int, start: int = 0, most: int | None = None) -> int:
+    """Write zeros over every range of ``fd``'s file (``length`` bytes) from ``start`` on
+    that has pages, ``most`` bytes of them at most (None: all); holes stay holes.  Returns
+    the offset it reached: ``length`` once every range is done.  ``pwrite`` releases the
+    GIL, and writes into the pages where they are, without mapping them."""
+    budget = length if most is None else most
+    for begin, end in resident_ranges(fd, length):
+        begin = max(begin, start)
+        while begin < end:
+            if budget <= 0:
+                return begin
+            count = min(end - begin, len(_ZERO_CHUNK), budget)
+            written = os.pwrite(fd, memoryview(_ZERO_CHUNK)[:count], begin)
+            begin += written
+            budget -= written
+    return length
 
 
 class LogPool:
@@ -123,6 +188,10 @@ class LogPool:
 
     #: How often a kept file that a process still maps is checked again, ns.
     SETTLE_INTERVAL_NS = 100_000_000
+    #: Bytes of zeros a :meth:`keep` or :meth:`settle` writes at most (a larger file is
+    #: zeroed over several calls), so that the thread that calls them (the image log
+    #: worker) makes a new log between two such pieces: 16 MiB, a few ms.
+    ZERO_STEP = 16 << 20
 
     def __init__(self, folder: Path, limit: int, max_age_ns: int,
                  clock: Callable[[], int] = time.monotonic_ns) -> None:
@@ -131,6 +200,10 @@ class LogPool:
         self.max_age_ns = max_age_ns
         self._clock = clock
         self._lock = threading.Lock()
+        #: Held while a file is zeroed, and to close a kept file's descriptor.
+        self._zeroing = threading.Lock()
+        #: Bytes zeroed per :meth:`keep` or :meth:`settle` (None: a whole file at once).
+        self.zero_step: int | None = self.ZERO_STEP
         self._kept: list[_Kept] = []  # oldest first
         self._closed = False
         self._bytes = 0
@@ -208,22 +281,37 @@ class LogPool:
             victims = self._evict_locked()
             if victims:
                 self._changed_locked()
-        _delete(victims)
+        self._delete(victims)
+
+    def give_way(self) -> bool:
+        """Delete the oldest kept file (ready or not), now, on this thread: a new log needs
+        the room it takes on the filesystem.  False: none is kept."""
+        with self._lock:
+            if not self._kept:
+                return False
+            oldest = self._kept.pop(0)
+            self._changed_locked()
+        self._delete([oldest])
+        return True
 
     def settle(self) -> None:
         """Zero the kept files that no process maps any more (they may be taken from now
-        on), and delete those kept too long, and the oldest past :attr:`cap`."""
+        on), :attr:`zero_step` bytes at most, and delete those kept too long, and the oldest
+        past :attr:`cap`."""
         self.shed()
         with self._lock:
             pending = [k for k in self._kept if not k.ready]
+            # One being zeroed goes on first.
+            pending.sort(key=lambda k: k.fd < 0)
             self._check_ns = self._clock() + self.SETTLE_INTERVAL_NS
         for kept in pending:
-            self._ready(kept)
+            if self._ready(kept):
+                break  # zeros written: the caller's other work comes before more
 
     def take(self, path: Path, length: int) -> bool:
         """Put a kept file of ``length`` bytes, every byte zero, at ``path`` (which must not
-        exist): True, else False (none ready of that length, or each one found in use
-        again, and deleted)."""
+        exist): True, else False (none ready of that length, or each one found in use or
+        opened by a process as it was taken, and deleted)."""
         while True:
             with self._lock:
                 kept = next((k for k in reversed(self._kept)
@@ -232,18 +320,24 @@ class LogPool:
                     return False
                 self._kept.remove(kept)
                 self._changed_locked()
+            linked = False
             try:
                 fd = os.open(kept.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
                 try:
-                    if not is_unshared(fd):
-                        raise FileInUse(kept.path)
+                    # Under the lease: a process that opens the file by its pool name before
+                    # the name is gone shows as a break, and the file is not handed out.
+                    with write_lease(fd, kept.path):
+                        os.link(kept.path, path)  # never over an existing file
+                        linked = True
+                        os.unlink(kept.path)
                 finally:
                     os.close(fd)
-                os.link(kept.path, path)  # never over an existing file
             except (OSError, FileInUse):
-                _delete([kept])
+                if linked:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+                self._delete([kept])
                 continue
-            _delete([kept])
             with self._lock:
                 self.reused += 1
                 self.changes += 1
@@ -256,6 +350,8 @@ class LogPool:
             if not self._kept:
                 return None
             due = self._kept[0].kept_ns + self.max_age_ns
+            if any(k.fd >= 0 for k in self._kept):
+                return min(due, self._clock())  # one is being zeroed
             if any(not k.ready for k in self._kept):
                 due = min(due, self._check_ns)
             return due
@@ -275,7 +371,7 @@ class LogPool:
             if victims:
                 self._kept = [k for k in self._kept if now - k.kept_ns < self.max_age_ns]
                 self._changed_locked()
-        _delete(victims)
+        self._delete(victims)
 
     def close(self) -> None:
         """Delete every kept file and keep no more."""
@@ -283,33 +379,60 @@ class LogPool:
             self._closed = True
             victims, self._kept = self._kept, []
             self._changed_locked()
-        _delete(victims)
+        self._delete(victims)
 
-    def _ready(self, kept: _Kept) -> None:
-        """Zero ``kept`` if no process maps it; deleted if it cannot be; then the pool is
-        brought within its bounds."""
-        try:
-            resident = _reset(kept.path, kept.registration_id)
-        except FileInUse:
-            resident = None
-        except OSError as e:
-            if not self._warned:  # once: it fails alike for every file (leases off)
-                self._warned = True
-                log.warning("keeping the released log %s for reuse failed (deleted, and "
-                            "so may others be): %s", kept.path, e)
-            with self._lock:
+    def _ready(self, kept: _Kept) -> bool:
+        """Zero :attr:`zero_step` bytes more of ``kept`` if no process maps it (it is ready
+        once all are); deleted if it cannot be, or a process opened it meanwhile; then the
+        pool is brought within its bounds.  True: zeros were written."""
+        resident = None
+        drop = False
+        with self._zeroing:
+            if kept.deleted:
+                return False
+            try:
+                resident = _zero_step(kept, self.zero_step)
+            except FileOpened:
+                drop = True
+            except FileInUse:
+                pass
+            except OSError as e:
+                if not self._warned:  # once: it fails alike for every file (leases off)
+                    self._warned = True
+                    log.warning("keeping the released log %s for reuse failed (deleted, and "
+                                "so may others be): %s", kept.path, e)
+                drop = True
+            zeroing = kept.fd >= 0
+        wrote = zeroing or resident is not None
+        with self._lock:
+            if drop:
                 if kept in self._kept:
                     self._kept.remove(kept)
-            _delete([kept])
-            resident = None
-        with self._lock:
-            if resident is not None and kept in self._kept:
+            elif resident is not None and kept in self._kept:
                 kept.ready, kept.resident = True, resident
-            elif resident is None:
+            elif not zeroing:  # still mapped: checked again later
                 self._check_ns = self._clock() + self.SETTLE_INTERVAL_NS
             victims = self._evict_locked()
             self._changed_locked()
-        _delete(victims)
+        if drop:
+            victims.append(kept)
+        self._delete(victims)
+        if zeroing:
+            self.wake()  # the rest of it at the next settle
+        return wrote
+
+    def _delete(self, kept: list[_Kept]) -> None:
+        """Delete ``kept``'s files, out of the pool already; one being zeroed has its
+        descriptor closed (and lease dropped) first, between two steps."""
+        for k in kept:
+            with self._zeroing:
+                k.deleted = True
+                if k.fd >= 0:
+                    with contextlib.suppress(OSError):
+                        drop_lease(k.fd, k.path, check=False)
+                    os.close(k.fd)
+                    k.fd = -1
+        _delete(kept)
 
     def _changed_locked(self) -> None:
         """(Holding the lock.)  What is kept changed."""
@@ -331,25 +454,47 @@ class LogPool:
         return victims
 
 
-def _reset(path: Path, registration_id: int) -> int:
-    """Zero the file at ``path`` and write its pool metadata (``registration_id`` as its
-    correlation id); returns the bytes its pages hold.  FileInUse when another open
-    description of it exists (a process maps it)."""
-    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+def _zero_step(kept: _Kept, most: int | None) -> int | None:
+    """(Holding the pool's zeroing lock.)  Zero ``most`` bytes more (None: all) of
+    ``kept``'s file under the pool's write lease, taken at the first step and held until
+    the last, which writes its pool metadata (its registration id as its correlation id)
+    and drops the lease: returns the bytes its pages hold, None while some remain to zero.
+    FileInUse at the first step when another open description of it exists (a process maps
+    it), FileOpened at the last when a process opened it meanwhile."""
+    if kept.fd < 0:
+        fd = os.open(kept.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            take_lease(fd, kept.path)
+        except BaseException:
+            os.close(fd)
+            raise
+        kept.fd, kept.zeroed = fd, 0
+    fd = kept.fd
+    done = False
     try:
-        if not is_unshared(fd):
-            raise FileInUse(path)
         length = os.fstat(fd).st_size
-        zero_pages(fd, length)
+        kept.zeroed = zero_pages(fd, length, kept.zeroed, most)
+        if kept.zeroed < length:
+            return None
+        done = True
         term_length = term_length_of_file(length)
         meta = bytearray(LOG_META_DATA_LENGTH)
-        struct.pack_into("<q", meta, META_CORRELATION_ID, registration_id)
+        struct.pack_into("<q", meta, META_CORRELATION_ID, kept.registration_id)
         struct.pack_into("<ii", meta, META_TERM_LENGTH, term_length,
                          _page_size_of(length, term_length))
         os.pwrite(fd, meta, PARTITION_COUNT * term_length)
-        return os.fstat(fd).st_blocks * 512
+        resident = os.fstat(fd).st_blocks * 512
+        drop_lease(fd, kept.path)
+        return resident
+    except BaseException:
+        done = True
+        with contextlib.suppress(OSError):
+            drop_lease(fd, kept.path, check=False)
+        raise
     finally:
-        os.close(fd)
+        if done:
+            os.close(fd)
+            kept.fd = -1
 
 
 def _page_size_of(length: int, term_length: int) -> int:

@@ -120,21 +120,45 @@ def create_log(path: Path, budget: LogBudget, what: str, pool: LogPool | None = 
         raise no_room_for_log(path, kwargs["stream_id"], kwargs["term_length"], e) from None
 
 
+def make_room_for_log(path: Path, length: int, pool: LogPool | None, *,
+                      logs_length: int | None = None) -> None:
+    """:func:`check_room_for_log`, with the files ``pool`` keeps deleted, the oldest first,
+    for as long as the filesystem lacks the room and the pool has one: a kept file takes
+    room on the filesystem of the logs (``released/`` is in the driver directory), which a
+    new log comes first for.  OSError(ENOSPC) when the room is not there with none kept."""
+    while True:
+        try:
+            check_room_for_log(path, length, logs_length=logs_length)
+            return
+        except OSError as e:
+            if e.errno != errno.ENOSPC or pool is None or not pool.give_way():
+                raise
+
+
 def make_log_file(path: Path, length: int, pool: LogPool | None = None,
                   **kwargs: Any) -> LogBuffer:
     """The file of a log of ``length`` bytes (reserved in the budget already), if its
-    filesystem has room (:func:`check_room_for_log`): ``LogBuffer.create(path, **kwargs)``,
-    in a file ``pool`` kept when it has one of the file's length (its pages there already),
-    else a new one.  OSError when it cannot be made, leaving no file behind.  Any thread: it
-    touches nothing but the file and the pool (an image's log is made on a worker:
-    :mod:`.image_logs`)."""
-    if pool is not None:
-        pool.shed()  # the kept files give way to this log first
-    check_room_for_log(path, length)
+    filesystem has room (:func:`make_room_for_log`): ``LogBuffer.create(path, **kwargs)``,
+    in a file ``pool`` kept when it has one of the file's length (its pages there already,
+    so the room it needs is only the pages it lacks), else a new one.  OSError when it
+    cannot be made, leaving no file behind.  Any thread: it touches nothing but the file and
+    the pool (an image's log is made on a worker: :mod:`.image_logs`)."""
     file_length = compute_log_length(kwargs["term_length"],
                                      kwargs.get("page_size", PAGE_MIN_SIZE))
-    reused = pool is not None and pool.take(path, file_length)
-    return LogBuffer.create(path, reused=reused, **kwargs)
+    if pool is not None:
+        pool.shed()  # past its memory cap, the kept files give way to this log first
+        if pool.take(path, file_length):
+            try:
+                # At ``path`` already, the file's holes count among what the driver's sparse
+                # logs may still take: no more room is needed than for those.
+                make_room_for_log(path, 0, pool)
+                return LogBuffer.create(path, reused=True, **kwargs)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                raise
+    make_room_for_log(path, length, pool)
+    return LogBuffer.create(path, **kwargs)
 
 
 def discard_log(log_buffer: LogBuffer, budget: LogBudget, pool: LogPool | None = None) -> None:
