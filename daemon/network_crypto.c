@@ -78,6 +78,10 @@
 #define RETRY_MS 100
 #define RETRIES_MAX 20
 #define EXCHANGE_MIN_MS 1000
+/* A waiting exchange is given up this long after it started, however few of its tries went
+ * (tries go only when its source sends again: a source that fell silent, or a forger that
+ * sent once, holds no slot longer than this). */
+#define EXCHANGE_WAIT_MS (RETRIES_MAX * RETRY_MS + EXCHANGE_MIN_MS)
 /* An answered exchange is remembered this long: a repeated INIT gets the same answer, the
  * CONFIRM finds its key; an answer is sent again at most once per ANSWER_RESEND_MS. */
 #define ANSWER_KEEP_MS 5000
@@ -145,6 +149,7 @@ typedef struct {
     uint8_t init[SS_HANDSHAKE_INIT_LENGTH];
     uint64_t started_ms, sent_ms;
     int32_t tries;
+    int32_t renewal;              /* asked by a sender with a session: strangers never evict it */
 } exchange_t;
 
 enum { EXCHANGE_FREE, EXCHANGE_PENDING, EXCHANGE_DONE };
@@ -790,6 +795,11 @@ static void forget_exchange(exchange_t *x) {
 
 static void forget_answer(answer_t *a) { OPENSSL_cleanse(a, sizeof *a); }
 
+/* Whether a waiting exchange is given up: out of tries, or older than EXCHANGE_WAIT_MS. */
+static int exchange_given_up(const exchange_t *x, uint64_t ms) {
+    return x->tries >= RETRIES_MAX || ms >= x->started_ms + EXCHANGE_WAIT_MS;
+}
+
 /* Erase what may no longer be used: senders past their age (their secrets: forward secrecy),
  * exchanges that ran out of tries, answers no INIT or CONFIRM will need. */
 static void sweep(ss_crypto_t *c, uint64_t now_s) {
@@ -800,7 +810,7 @@ static void sweep(ss_crypto_t *c, uint64_t now_s) {
             forget_peer(&c->peers[i]);
     for (int32_t i = 0; i < EXCHANGES_MAX; i++) {
         exchange_t *x = &c->exchanges[i];
-        if (x->state == EXCHANGE_PENDING && x->tries >= RETRIES_MAX &&
+        if (x->state == EXCHANGE_PENDING && exchange_given_up(x, ms) &&
             ms >= x->sent_ms + 10 * EXCHANGE_MIN_MS) /* remembered: the next one asks for any */
             forget_exchange(x);
         else if (x->state == EXCHANGE_DONE && ms >= x->started_ms + EXCHANGE_MIN_MS)
@@ -1064,12 +1074,14 @@ static int same_address(const uint8_t *a, int32_t a_length, const uint8_t *b,
 }
 
 /* A sealed datagram of `sender_id` from `source` found no session: start an exchange with
- * it, or send its INIT again (every RETRY_MS, RETRIES_MAX times), at most one exchange with a
- * source at once and a new one per EXCHANGE_MIN_MS; a renewal (its sender moved on to the id
- * drawn ahead) starts one whenever none is under way.  An exchange that named a sender id
- * and got no answer is followed by one that asks for any: the id may have been a forgery
- * spoofed from the source, and on a multicast group only the source's own endpoints hear
- * where this one sends. */
+ * it, or send its INIT again (every RETRY_MS, RETRIES_MAX times, within EXCHANGE_WAIT_MS), at
+ * most one exchange with a source at once and a new one per EXCHANGE_MIN_MS; a renewal (its
+ * sender moved on to the id drawn ahead) starts one whenever none is under way.  An exchange
+ * that named a sender id and got no answer is followed by one that asks for any: the id may
+ * have been a forgery spoofed from the source, and on a multicast group only the source's own
+ * endpoints hear where this one sends.  With every slot taken, the oldest waiting exchange
+ * gives way (a renewal's only to another renewal): whoever fills the table from many sources
+ * delays a real peer by one exchange, never refuses it. */
 static void want_exchange(ss_crypto_t *c, const uint8_t *source, int32_t source_length,
                           uint64_t sender_id, uint64_t ms, int renewal) {
     exchange_t *slot = NULL;
@@ -1079,10 +1091,11 @@ static void want_exchange(ss_crypto_t *c, const uint8_t *source, int32_t source_
         if (x->state == EXCHANGE_FREE ||
             !same_address(x->address, x->address_length, source, source_length))
             continue;
-        if (x->state == EXCHANGE_PENDING && x->tries < RETRIES_MAX) {
+        if (x->state == EXCHANGE_PENDING && !exchange_given_up(x, ms)) {
             if (ms >= x->sent_ms + RETRY_MS) {
                 x->sent_ms = ms;
                 x->tries++;
+                x->renewal |= renewal;
                 post(c, x->init, SS_HANDSHAKE_INIT_LENGTH, x->address, x->address_length);
             }
             return;
@@ -1093,13 +1106,22 @@ static void want_exchange(ss_crypto_t *c, const uint8_t *source, int32_t source_
                           load_u64(x->init + SS_HANDSHAKE_ASKED_FIELD) != 0;
         slot = x;
     }
+    exchange_t *oldest = NULL;
     for (int32_t i = 0; i < EXCHANGES_MAX && slot == NULL; i++) {
         exchange_t *x = &c->exchanges[i];
         if (x->state == EXCHANGE_FREE ||
             (x->state == EXCHANGE_DONE && ms >= x->started_ms + EXCHANGE_MIN_MS) ||
-            (x->state == EXCHANGE_PENDING && x->tries >= RETRIES_MAX &&
+            (x->state == EXCHANGE_PENDING && exchange_given_up(x, ms) &&
              ms >= x->sent_ms + EXCHANGE_MIN_MS))
             slot = x;
+        else if (x->state == EXCHANGE_PENDING && (renewal || !x->renewal) &&
+                 (oldest == NULL || (oldest->renewal && !x->renewal) ||
+                  (oldest->renewal == x->renewal && x->started_ms < oldest->started_ms)))
+            oldest = x; /* a stranger's before a renewal's, the oldest first */
+    }
+    if (slot == NULL) {
+        count(c->counters.handshake_limited_drops, 1); /* the table full */
+        slot = oldest;
     }
     const key_slot_t *key = &c->keys[0];
     if (slot == NULL || !key->held) return; /* every slot busy: the next datagram asks again */
@@ -1134,6 +1156,7 @@ static void want_exchange(ss_crypto_t *c, const uint8_t *source, int32_t source_
     slot->address_length = source_length;
     slot->started_ms = slot->sent_ms = ms;
     slot->tries = 1;
+    slot->renewal = renewal;
     post(c, init, SS_HANDSHAKE_INIT_LENGTH, source, source_length);
 }
 

@@ -440,3 +440,24 @@ def test_a_multicast_receiver_flooded_with_forged_ids_still_gets_its_session(cou
     assert publisher.open(init, SUBSCRIBER) == TAKEN
     deliver(publisher, PUBLISHER, receiver)
     assert receiver.open(publisher.seal(b"real"), PUBLISHER) == b"real"
+
+
+def test_forged_datagrams_from_more_sources_than_slots_delay_no_real_session(counters) -> None:
+    """An outsider (no key) sends one sealed datagram from each of 33 sources, more than the
+    32 exchanges an endpoint keeps: each takes a slot, the 33rd evicts the oldest, counted.
+    The real publisher's next datagram still starts an exchange at once (the oldest waiting
+    one gives way), and its session follows."""
+    publisher, subscriber = endpoint(), endpoint(counters)
+    forger = endpoint(key=OTHER_KEY)
+    for port in range(33):
+        assert subscriber.open(forger.seal(b"forged"), sockaddr(("10.0.9.9", 50000 + port))) \
+            == AWAITING
+        assert len(subscriber.take_handshakes()) == 1  # each source asked once
+    assert counters.get(SystemCounter.CRYPTO_HANDSHAKE_LIMITED_DROPS) == 1
+    assert subscriber.open(publisher.seal(b"setup"), PUBLISHER) == AWAITING
+    assert counters.get(SystemCounter.CRYPTO_HANDSHAKE_LIMITED_DROPS) == 2
+    [(init, to)] = subscriber.take_handshakes()
+    assert to == PUBLISHER and kind(init) == EXT_TYPE_HANDSHAKE_INIT
+    assert publisher.open(init, SUBSCRIBER) == TAKEN
+    assert deliver(publisher, PUBLISHER, subscriber) == [TAKEN]
+    assert subscriber.open(publisher.seal(b"data"), PUBLISHER) == b"data"
