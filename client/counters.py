@@ -279,7 +279,7 @@ class SystemCounter(enum.IntEnum):
     CRYPTO_UNKNOWN_KEY_DROPS = 53  # sealed under a key id the endpoint's key file does not hold
     CRYPTO_AUTH_DROPS = 54  # failed to open: tampered, truncated, or sealed under another key
     CRYPTO_REPLAY_DROPS = 55  # a counter already opened, below the window, or a stale sender id
-    CRYPTO_SEAL_REFUSED = 56  # datagrams not sent: they could not be sealed (too long, libcrypto)
+    CRYPTO_SEAL_REFUSED = 56  # not sealed (too long, libcrypto), or a sender id due not drawn
     CRYPTO_SEALED_AT_PLAIN_DROPS = 57  # a sealed datagram at a plain endpoint (a key it lacks)
     # issue 59, ctrlbind:
     # status messages naming a live receiver from another host than the one its status

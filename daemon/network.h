@@ -91,7 +91,8 @@ typedef struct {
     int64_t *replay_drops;        /* a counter the sender's window has seen, or below it, or
                                    * a sender id past its lifetime */
     int64_t *senders_full_drops;  /* a new sender while every slot holds a fresh one */
-    int64_t *seal_failures;       /* datagrams not sent: not sealed (too long, libcrypto) */
+    int64_t *seal_failures;       /* datagrams not sent: not sealed (too long, libcrypto); and
+                                   * seals whose new sender id, due, was not drawn */
     int64_t *awaiting_handshake_drops; /* sealed by a sender with no session here yet, or
                                         * below the counter its session began at */
     int64_t *handshake_failed_drops;   /* handshake datagrams malformed or not authentic */
@@ -105,8 +106,9 @@ ss_crypto_t *ss_crypto_new(void);
 void ss_crypto_free(ss_crypto_t *c);
 ss_crypto_counters_t *ss_crypto_counters(ss_crypto_t *c);
 uint64_t ss_crypto_sender_id(const ss_crypto_t *c);
-/* The next datagram's counter (a test's: counters never repeat under one sender id). */
-void ss_crypto_set_counter(ss_crypto_t *c, uint64_t counter);
+/* The next datagram's counter, forward only (a test's: counters never repeat under one
+ * sender id): 0, or -1 for one below the next datagram's. */
+int32_t ss_crypto_set_counter(ss_crypto_t *c, uint64_t counter);
 /* This context's wall clock runs `seconds` ahead of the host's (a test's: a sender id seen
  * later, or drawn earlier, without waiting). */
 void ss_crypto_set_clock_offset(ss_crypto_t *c, int64_t seconds);

@@ -352,8 +352,10 @@ ss_crypto_counters_t *ss_crypto_counters(ss_crypto_t *c) { return &c->counters; 
 
 uint64_t ss_crypto_sender_id(const ss_crypto_t *c) { return c->sender_id; }
 
-void ss_crypto_set_counter(ss_crypto_t *c, uint64_t counter) {
+int32_t ss_crypto_set_counter(ss_crypto_t *c, uint64_t counter) {
+    if (counter < __atomic_load_n(&c->counter, __ATOMIC_RELAXED)) return -1;
     __atomic_store_n(&c->counter, counter, __ATOMIC_RELAXED);
+    return 0;
 }
 
 void ss_crypto_set_handshake_address(ss_crypto_t *c, const uint8_t *address,
@@ -386,25 +388,31 @@ static int sender_is_fresh(uint64_t sender_id, uint64_t now_s) {
 }
 
 /* A sender id born at `born_s` (the clock's seconds above 32 random bits) and its traffic
- * secret. */
+ * secret; nothing written unless both were drawn. */
 static int draw_id(uint64_t born_s, uint64_t *id, uint8_t secret[SECRET_LENGTH]) {
     uint32_t random = 0;
-    if (getrandom(&random, sizeof random, 0) != (ssize_t)sizeof random ||
-        getrandom(secret, SECRET_LENGTH, 0) != SECRET_LENGTH)
-        return 0;
-    *id = ((born_s & 0xFFFFFFFFu) << 32) | random;
-    return 1;
+    uint8_t drawn[SECRET_LENGTH];
+    const int ok = getrandom(&random, sizeof random, 0) == (ssize_t)sizeof random &&
+                   getrandom(drawn, SECRET_LENGTH, 0) == SECRET_LENGTH;
+    if (ok) {
+        *id = ((born_s & 0xFFFFFFFFu) << 32) | random;
+        memcpy(secret, drawn, SECRET_LENGTH);
+    }
+    OPENSSL_cleanse(drawn, sizeof drawn);
+    return ok;
 }
 
 /* The sender id to seal with from now on, its counter from 0: the next one drawn ahead, whom
  * peers of an earlier exchange already hold, while it is within its lifetime; else a new one.
  * Then a new next one, born when this one's lifetime ends.  The id given up, and its secret,
- * are gone (forward secrecy).  Under the lock: the receiving thread's answers read them. */
+ * are gone (forward secrecy).  If no randomness came, the id in use goes on with its secret
+ * and its counter (a counter never starts again under one id: its nonces would repeat), and
+ * the next one is none: 0, and a later call draws again.  Under the lock: the receiving
+ * thread's answers read them. */
 static int draw_senders(ss_crypto_t *c, uint64_t now_s) {
     now_s &= 0xFFFFFFFFu;
-    const uint64_t next_born = born_of(c->next_sender_id);
+    const uint64_t next_born = born_of(c->next_sender_id), before = c->sender_id;
     int ok = 1;
-    c->previous_sender_id = c->sender_id;
     if (c->next_sender_id != 0 && next_born <= now_s + SS_CRYPTO_CLOCK_SKEW_S &&
         now_s < next_born + SS_CRYPTO_SENDER_ID_LIFETIME_S) {
         c->sender_id = c->next_sender_id;
@@ -412,11 +420,18 @@ static int draw_senders(ss_crypto_t *c, uint64_t now_s) {
     } else {
         ok = draw_id(now_s, &c->sender_id, c->secret);
     }
-    ok = ok && draw_id(born_of(c->sender_id) + SS_CRYPTO_SENDER_ID_LIFETIME_S,
-                       &c->next_sender_id, c->next_secret);
-    __atomic_store_n(&c->counter, 0, __ATOMIC_RELAXED);
-    c->seal_ready = 0;
-    return ok;
+    if (c->sender_id != before) {
+        c->previous_sender_id = before;
+        __atomic_store_n(&c->counter, 0, __ATOMIC_RELAXED);
+        c->seal_ready = 0;
+    }
+    if (!draw_id(born_of(c->sender_id) + SS_CRYPTO_SENDER_ID_LIFETIME_S, &c->next_sender_id,
+                 c->next_secret)) {
+        ok = 0;
+        c->next_sender_id = 0;
+        OPENSSL_cleanse(c->next_secret, SECRET_LENGTH);
+    }
+    return ok && c->sender_id != 0;
 }
 
 /* The sealing thread's: a sender id older than SS_CRYPTO_SENDER_ID_LIFETIME_S gives way to
@@ -426,8 +441,9 @@ static void fresh_sender(ss_crypto_t *c) {
     const uint64_t now_s = wall_seconds(c) & 0xFFFFFFFFu, born = born_of(c->sender_id);
     if (now_s >= born + SS_CRYPTO_SENDER_ID_LIFETIME_S || born > now_s + SS_CRYPTO_CLOCK_SKEW_S) {
         lock(c);
-        draw_senders(c, now_s);  /* no randomness: the old id goes on, still unique */
+        const int drawn = draw_senders(c, now_s);
         unlock(c);
+        if (!drawn) count(c->counters.seal_failures, 1); /* no randomness: drawn again next */
     }
 }
 
