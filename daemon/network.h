@@ -105,6 +105,12 @@ typedef struct {
 ss_crypto_t *ss_crypto_new(void);
 void ss_crypto_free(ss_crypto_t *c);
 ss_crypto_counters_t *ss_crypto_counters(ss_crypto_t *c);
+/* Once a second of the wall clock at most, from the thread that seals and opens through the
+ * endpoint (its duty cycle's, which runs at least once a second): forget what may no longer
+ * be used, traffic or not (peers' secrets past their ids' age, exchanges and answers done
+ * with), and move this endpoint to its next sender id once its own is past its lifetime
+ * (its secret erased).  Forward secrecy holds on an idle endpoint too. */
+void ss_crypto_tick(ss_crypto_t *c);
 uint64_t ss_crypto_sender_id(const ss_crypto_t *c);
 /* The next datagram's counter, forward only (a test's: counters never repeat under one
  * sender id): 0, or -1 for one below the next datagram's. */

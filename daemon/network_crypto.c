@@ -681,6 +681,13 @@ static peer_t *new_peer(ss_crypto_t *c, uint64_t now_s) {
     return NULL;
 }
 
+/* The trial context's key schedule and IV erased (after each use: it holds an epoch given
+ * up, or one a single late datagram needed). */
+static void forget_trial(ss_crypto_t *c) {
+    EVP_CIPHER_CTX_reset(c->trial); /* cleanses the key schedule */
+    OPENSSL_cleanse(c->trial_iv, IV_LENGTH);
+}
+
 /* Decrypt in place (the plaintext stays at data + header) and check the tag. */
 static int decrypt(EVP_CIPHER_CTX *ctx, const uint8_t iv[IV_LENGTH], uint64_t counter,
                    uint8_t *data, int32_t length) {
@@ -774,6 +781,7 @@ int32_t ss_crypto_open(ss_crypto_t *c, uint8_t *data, int32_t length, const uint
          * nothing). */
         if (!derive(c->trial, c->trial_iv, p->secret, sender_id, epoch, 0) ||
             !decrypt(c->trial, c->trial_iv, counter, data, length)) {
+            forget_trial(c);
             count(c->counters.auth_drops, 1);
             return SS_OPEN_FAILED;
         }
@@ -785,6 +793,7 @@ int32_t ss_crypto_open(ss_crypto_t *c, uint8_t *data, int32_t length, const uint
             p->epoch = epoch;
             p->ready = 1;
         }
+        forget_trial(c); /* the epoch given up, or the late datagram's: no key kept twice */
     }
     window_mark(p, counter);
     if (p->announced) {
@@ -835,6 +844,12 @@ static void sweep(ss_crypto_t *c, uint64_t now_s) {
     for (int32_t i = 0; i < ANSWERS_MAX; i++)
         if (c->answers[i].used && ms >= c->answers[i].answered_ms + ANSWER_KEEP_MS)
             forget_answer(&c->answers[i]);
+}
+
+void ss_crypto_tick(ss_crypto_t *c) {
+    const uint64_t now_s = wall_seconds(c);
+    if (now_s != c->swept_s) sweep(c, now_s);
+    fresh_sender(c);
 }
 
 /* A handshake datagram for the outbox, to `address` or this endpoint's handshake address. */

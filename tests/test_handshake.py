@@ -461,3 +461,25 @@ def test_forged_datagrams_from_more_sources_than_slots_delay_no_real_session(cou
     assert publisher.open(init, SUBSCRIBER) == TAKEN
     assert deliver(publisher, PUBLISHER, subscriber) == [TAKEN]
     assert subscriber.open(publisher.seal(b"data"), PUBLISHER) == b"data"
+
+
+def test_an_idle_endpoint_forgets_its_peers_and_its_own_secrets_on_its_tick() -> None:
+    """With no datagram arriving or sent, the duty cycle's tick still erases a peer's
+    session once its id is past its age, and moves the endpoint off its own id once that is
+    past its lifetime: forward secrecy does not wait for traffic."""
+    publisher, subscriber = endpoint(), endpoint()
+    assert subscriber.open(publisher.seal(b"setup"), PUBLISHER) == AWAITING
+    assert deliver(subscriber, SUBSCRIBER, publisher) == [TAKEN]
+    assert deliver(publisher, PUBLISHER, subscriber) == [TAKEN]
+    own = network.ss_crypto_sender_id(subscriber.c)
+    held = publisher.seal(b"held")  # sealed now, opened after the idle spell
+    max_age = network.SS_CRYPTO_SENDER_ID_MAX_AGE_S
+    network.ss_crypto_set_clock_offset(subscriber.c, max_age - 1)
+    network.ss_crypto_tick(subscriber.c)  # the publisher's ids are still within their age
+    network.ss_crypto_set_clock_offset(subscriber.c, 0)
+    assert subscriber.open(held, PUBLISHER) == b"held"
+    network.ss_crypto_set_clock_offset(subscriber.c, max_age + 2)
+    network.ss_crypto_tick(subscriber.c)  # idle past the age of both its ids: forgotten
+    assert network.ss_crypto_sender_id(subscriber.c) != own  # its own id moved on
+    network.ss_crypto_set_clock_offset(subscriber.c, 0)
+    assert subscriber.open(publisher.seal(b"after"), PUBLISHER) == AWAITING
