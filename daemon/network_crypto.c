@@ -89,6 +89,9 @@
 /* New answers an endpoint makes a second at most, whoever asks (each costs an X25519 key and
  * agreement: a recording of INITs replayed from many spoofed sources costs this at most). */
 #define ANSWERS_PER_SECOND 64
+/* New exchanges an endpoint starts a second at most, renewals aside (each costs an X25519
+ * key: sealed datagrams of new sender ids from many spoofed sources cost this at most). */
+#define EXCHANGES_PER_SECOND 64
 
 static const unsigned char SEAL_INFO[] = "slipstream sealed datagram v2";
 /* Noise's protocol name: exactly HASH_LENGTH bytes, so h starts as the name itself. */
@@ -216,6 +219,8 @@ struct ss_crypto {
     uint64_t swept_s;             /* the wall clock's second of the last sweep */
     uint64_t answers_second;      /* the second of answers_made */
     int32_t answers_made;
+    uint64_t exchanges_second;    /* the second of exchanges_made */
+    int32_t exchanges_made;
     ss_crypto_counters_t counters;
 };
 
@@ -1156,6 +1161,15 @@ static void want_exchange(ss_crypto_t *c, const uint8_t *source, int32_t source_
     }
     const key_slot_t *key = &c->keys[0];
     if (slot == NULL || !key->held) return; /* every slot busy: the next datagram asks again */
+    if (ms / 1000 != c->exchanges_second) {
+        c->exchanges_second = ms / 1000;
+        c->exchanges_made = 0;
+    }
+    if (!renewal && c->exchanges_made >= EXCHANGES_PER_SECOND) {
+        count(c->counters.handshake_limited_drops, 1); /* the next datagram asks again */
+        return;
+    }
+    c->exchanges_made++;
     forget_exchange(slot);
     /* The sender id asked for: on a multicast group, where every receiver (or every sender
      * of the group) hears the INIT, the one whose datagram wanted it; elsewhere, and after a

@@ -483,3 +483,28 @@ def test_an_idle_endpoint_forgets_its_peers_and_its_own_secrets_on_its_tick() ->
     assert network.ss_crypto_sender_id(subscriber.c) != own  # its own id moved on
     network.ss_crypto_set_clock_offset(subscriber.c, 0)
     assert subscriber.open(publisher.seal(b"after"), PUBLISHER) == AWAITING
+
+
+def test_an_endpoint_starts_at_most_64_new_exchanges_a_second(counters) -> None:
+    """Each exchange an endpoint starts costs it an X25519 key before anything is verified:
+    sealed datagrams of new ids from 80 spoofed sources within one second start 64, the rest
+    counted; the next second starts exchanges again."""
+    subscriber, forger = endpoint(counters), endpoint(key=OTHER_KEY)
+    second = int(time.monotonic())
+    while int(time.monotonic()) != second + 1:  # all within one second of the clock
+        time.sleep(0.005)
+    time.sleep(0.02)  # past the second's start on the C side's coarse clock too
+    inits = 0
+    for i in range(80):
+        source = sockaddr((f"10.0.{2 + i // 250}.{1 + i % 250}", 40000))
+        assert subscriber.open(forger.seal(b"forged"), source) == AWAITING
+        inits += len(subscriber.take_handshakes())
+    assert inits == 64
+    # The 48 past the 32 kept exchanges each took the oldest's place; the last 16 were refused.
+    limited = counters.get(SystemCounter.CRYPTO_HANDSHAKE_LIMITED_DROPS)
+    assert limited == 16 + (80 - 32)
+    while int(time.monotonic()) == second + 1:
+        time.sleep(0.01)
+    time.sleep(0.02)
+    assert subscriber.open(forger.seal(b"forged"), sockaddr(("10.0.9.1", 40000))) == AWAITING
+    assert len(subscriber.take_handshakes()) == 1
