@@ -106,7 +106,8 @@ ss_crypto_t *ss_crypto_new(void);
 void ss_crypto_free(ss_crypto_t *c);
 ss_crypto_counters_t *ss_crypto_counters(ss_crypto_t *c);
 /* Once a second of the wall clock at most, from the thread that seals and opens through the
- * endpoint (its duty cycle's, which runs at least once a second): forget what may no longer
+ * endpoint (one agent's duty cycle, which runs at least once a second: the driver's agents
+ * never split an endpoint's sealing and opening between threads): forget what may no longer
  * be used, traffic or not (peers' secrets past their ids' age, exchanges and answers done
  * with), and move this endpoint to its next sender id once its own is past its lifetime
  * (its secret erased).  Forward secrecy holds on an idle endpoint too. */

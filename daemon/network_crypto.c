@@ -9,8 +9,10 @@
  * the endpoint sends (network_endpoints.c) and opens every datagram it receives before
  * dispatch (network_receiver.c).  Sealing runs on the one thread that sends through the
  * endpoint, opening on the one that receives on it; the keys are set from any thread
- * through a pending slot that the data path takes over at its next use (a lock word, never
- * waited on there).
+ * through a pending slot whose parts each of the two takes over at its next use, into state
+ * only it reads (a lock word, never waited on there).  (The driver's agents seal and open an
+ * endpoint on one thread, daemon/agents' _c_view: ss_crypto_tick, which does both sides'
+ * erasure, relies on it.)
  *
  * A sealed datagram (SS_SEALED_*, client/layout.py's SEALED_HEADER):
  *
@@ -179,13 +181,19 @@ typedef struct {
 } outgoing_t;
 
 struct ss_crypto {
-    key_slot_t keys[SS_CRYPTO_KEYS_MAX];           /* keys[0] seals; both open */
-    /* Keys set from another thread: taken over by the data path at its next use.  The lock
-     * also guards the sender ids and secrets below against the receiving thread's reads. */
+    /* The receiving thread's keys: both open, keys[0] makes its INITs. */
+    key_slot_t keys[SS_CRYPTO_KEYS_MAX];
+    /* Keys set from another thread: each of the two threads takes over its own part at its
+     * next use (pending_open: the receiving thread's keys; pending_seal: the sealing thread's
+     * key id), so that neither reads what the other writes.  The lock also guards the sender
+     * ids and secrets below against the receiving thread's reads. */
     int32_t lock;
-    int32_t pending;
+    int32_t pending_open, pending_seal;
     key_slot_t pending_keys[SS_CRYPTO_KEYS_MAX];
+    uint8_t pending_seal_id;
     /* Sealing (the sending thread). */
+    int32_t sealing_held;         /* a key to seal under, whose id is sealing_id */
+    uint8_t sealing_id;
     uint64_t sender_id;
     uint64_t counter;             /* the next datagram's */
     uint8_t secret[SECRET_LENGTH];        /* sender_id's traffic secret */
@@ -251,21 +259,35 @@ int32_t ss_crypto_set_keys(ss_crypto_t *c, const uint8_t *ids, const uint8_t *ke
         c->pending_keys[i].id = ids[i];
         memcpy(c->pending_keys[i].key, keys + (size_t)i * SS_CRYPTO_KEY_LENGTH, SS_CRYPTO_KEY_LENGTH);
     }
-    __atomic_store_n(&c->pending, 1, __ATOMIC_RELEASE);
+    c->pending_seal_id = ids[0];
+    __atomic_store_n(&c->pending_open, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&c->pending_seal, 1, __ATOMIC_RELEASE);
     unlock(c);
     return 0;
 }
 
-/* Take over keys set since the last use: each AEAD is derived again at its next datagram. */
-static inline void take_keys(ss_crypto_t *c) {
-    if (__builtin_expect(!__atomic_load_n(&c->pending, __ATOMIC_ACQUIRE), 1)) return;
+/* The receiving thread's: take over keys set since its last use (each peer's AEAD is derived
+ * again at its next datagram). */
+static inline void take_open_keys(ss_crypto_t *c) {
+    if (__builtin_expect(!__atomic_load_n(&c->pending_open, __ATOMIC_ACQUIRE), 1)) return;
     lock(c);
     memcpy(c->keys, c->pending_keys, sizeof c->keys);
     OPENSSL_cleanse(c->pending_keys, sizeof c->pending_keys); /* one copy of a key, not two */
-    c->pending = 0;
+    c->pending_open = 0;
+    unlock(c);
+    for (int32_t i = 0; i < PEERS_MAX; i++) c->peers[i].ready = 0;
+}
+
+/* The sealing thread's: take over the id of the key that seals (its datagrams' key id; the
+ * AEAD comes from the sender's traffic secret, derived again at the next datagram). */
+static inline void take_seal_key(ss_crypto_t *c) {
+    if (__builtin_expect(!__atomic_load_n(&c->pending_seal, __ATOMIC_ACQUIRE), 1)) return;
+    lock(c);
+    c->sealing_id = c->pending_seal_id;
+    c->sealing_held = 1;
+    c->pending_seal = 0;
     unlock(c);
     c->seal_ready = 0;
-    for (int32_t i = 0; i < PEERS_MAX; i++) c->peers[i].ready = 0;
 }
 
 static const key_slot_t *key_of(const ss_crypto_t *c, uint8_t id) {
@@ -456,11 +478,10 @@ static void fresh_sender(ss_crypto_t *c) {
 
 static int seal_keyed(ss_crypto_t *c, uint64_t epoch) {
     if (c->seal_ready && c->seal_epoch == epoch) return 1;
-    const key_slot_t *key = &c->keys[0];
-    if (!key->held) return 0;
+    if (!c->sealing_held) return 0;
     c->seal_ready = derive(c->seal, c->seal_iv, c->secret, c->sender_id, epoch, 1);
     c->seal_epoch = epoch;
-    c->seal_key_id = key->id;
+    c->seal_key_id = c->sealing_id;
     return c->seal_ready;
 }
 
@@ -511,7 +532,7 @@ static int32_t seal_vectors(ss_crypto_t *c, const struct iovec *vectors, size_t 
 int32_t ss_crypto_seal(ss_crypto_t *c, const uint8_t *plain, int32_t length, uint8_t *out,
                        int32_t capacity) {
     if (length < 0 || capacity < 0) return -1;
-    take_keys(c);
+    take_seal_key(c);
     fresh_sender(c);
     struct iovec vector = {.iov_base = (void *)plain, .iov_len = (size_t)length};
     return seal_vectors(c, &vector, 1, (size_t)length, out, (size_t)capacity);
@@ -553,7 +574,7 @@ static void add_message(ss_crypto_t *c, uint32_t index, uint8_t *out, size_t len
 
 int ss_crypto_send(ss_crypto_t *c, struct mmsghdr *messages, uint32_t message_count,
                    int (*send)(void *, struct mmsghdr *, uint32_t), void *context) {
-    take_keys(c);
+    take_seal_key(c);
     fresh_sender(c);
     uint32_t done = 0; /* the caller's messages sent whole */
     while (done < message_count) {
@@ -718,7 +739,7 @@ static int32_t take_handshake(ss_crypto_t *c, const uint8_t *data, int32_t lengt
 
 int32_t ss_crypto_open(ss_crypto_t *c, uint8_t *data, int32_t length, const uint8_t *source,
                        int32_t source_length) {
-    take_keys(c);
+    take_open_keys(c);
     uint16_t type = 0, ext_type = 0, ext_version = 0;
     int32_t magic = 0, frame_length = 0;
     if (length >= SS_FRAME_HEADER_LENGTH) {

@@ -427,3 +427,24 @@ def test_a_sender_without_randomness_keeps_its_id_and_counter_never_reuses_a_non
     assert before[1] == 1000
     assert during == [[before[0], 1001], [before[0], 1002], [before[0], 1003]]
     assert after[0] != before[0] and after[1] == 0
+
+
+def test_rotated_keys_reach_the_sealing_and_the_receiving_side_whichever_goes_first() -> None:
+    """Each side of an endpoint (the thread that seals, the one that opens and makes INITs)
+    takes over its own copy of keys set since: the receiving side's first use leaves the
+    sealing side's new key id to it, and the other way round."""
+    for opens_first in (True, False):
+        endpoint, peer = Sealing("test", None), Sealing("test", None)
+        endpoint.set_keys([(1, KEY_A)])
+        peer.set_keys([(2, KEY_B), (1, KEY_A)])
+        endpoint.seal(b"")  # both sides in use under key 1
+        endpoint.set_keys([(2, KEY_B), (1, KEY_A)])
+        if opens_first:  # the receiving side: an INIT of the new key for the peer's datagram
+            assert endpoint.open(peer.seal(b""), HOST_A) == network.SS_OPEN_AWAITING_HANDSHAKE
+        sealed = endpoint.seal(b"")
+        assert SEALED_HEADER.unpack_from(sealed)[2] == 2  # the key id byte: the new sealing key
+        if not opens_first:
+            assert endpoint.open(peer.seal(b""), HOST_A) == network.SS_OPEN_AWAITING_HANDSHAKE
+        [(init, _)] = endpoint.take_handshakes()
+        assert init[5] == 2  # the INIT under the new sealing key
+        assert peer.open(init, HOST_B) == network.SS_OPEN_HANDSHAKE
