@@ -91,6 +91,12 @@
 /* New answers an endpoint makes a second at most, whoever asks (each costs an X25519 key and
  * agreement: a recording of INITs replayed from many spoofed sources costs this at most). */
 #define ANSWERS_PER_SECOND 64
+/* An INIT carries its initiator's wall clock (ms): one older or newer than the clock skew
+ * allowed is refused, and the ephemeral key of each INIT answered is remembered as long as
+ * its timestamp is within that skew (ANSWERS_PER_SECOND a second at most: the ring holds
+ * every one of that span), so that a recorded INIT is answered once, never again. */
+#define INIT_SKEW_MS ((uint64_t)SS_CRYPTO_CLOCK_SKEW_S * 1000u)
+#define INITS_SEEN_MAX (ANSWERS_PER_SECOND * (2 * SS_CRYPTO_CLOCK_SKEW_S + 2))
 /* New exchanges an endpoint starts a second at most, renewals aside (each costs an X25519
  * key: sealed datagrams of new sender ids from many spoofed sources cost this at most). */
 #define EXCHANGES_PER_SECOND 64
@@ -101,8 +107,9 @@ static const char NOISE_NAME[] = "Noise_NNpsk0_25519_AESGCM_SHA256";
 static const unsigned char PROLOGUE[] = "slipstream handshake v1";
 
 _Static_assert(sizeof NOISE_NAME - 1 == HASH_LENGTH, "Noise: a name of HASHLEN is h itself");
-_Static_assert(SS_HANDSHAKE_INIT_LENGTH ==
-               SS_HANDSHAKE_INIT_EPHEMERAL_FIELD + DH_LENGTH + SS_SEALED_TAG_LENGTH, "INIT");
+_Static_assert(SS_HANDSHAKE_INIT_TIMESTAMP_FIELD == SS_HANDSHAKE_INIT_EPHEMERAL_FIELD + DH_LENGTH &&
+               SS_HANDSHAKE_INIT_LENGTH ==
+               SS_HANDSHAKE_INIT_TIMESTAMP_FIELD + 8 + SS_SEALED_TAG_LENGTH, "INIT");
 _Static_assert(SS_HANDSHAKE_ANSWER_LENGTH == SS_HANDSHAKE_ANSWER_EPHEMERAL_FIELD + DH_LENGTH +
                PAYLOAD_LENGTH + SS_SEALED_TAG_LENGTH, "ANSWER");
 _Static_assert(SS_HANDSHAKE_CONFIRM_LENGTH ==
@@ -173,6 +180,12 @@ typedef struct {
     uint64_t answered_ms, sent_ms;
 } answer_t;
 
+/* An INIT answered: its ephemeral key's first 8 bytes, and its timestamp (wall ms). */
+typedef struct {
+    uint64_t ephemeral;
+    uint64_t sent_ms;
+} init_seen_t;
+
 typedef struct {
     int32_t length;
     int32_t address_length;
@@ -220,6 +233,8 @@ struct ss_crypto {
     uint8_t trial_iv[IV_LENGTH];
     exchange_t exchanges[EXCHANGES_MAX];
     answer_t answers[ANSWERS_MAX];
+    init_seen_t inits_seen[INITS_SEEN_MAX]; /* a ring, the oldest overwritten */
+    int32_t inits_seen_next;
     outgoing_t outbox[OUTBOX_MAX];
     int32_t outbox_count;
     int32_t handshake_address_length;
@@ -401,6 +416,13 @@ static uint64_t wall_seconds(const ss_crypto_t *c) {
     struct timespec now;
     clock_gettime(CLOCK_REALTIME_COARSE, &now);
     return (uint64_t)(now.tv_sec + c->clock_offset_s);
+}
+
+/* The wall clock, in milliseconds (an INIT's timestamp). */
+static uint64_t wall_ms(const ss_crypto_t *c) {
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME_COARSE, &now);
+    return (uint64_t)(now.tv_sec + c->clock_offset_s) * 1000u + (uint64_t)now.tv_nsec / 1000000u;
 }
 
 /* When a sender id was drawn: its high 32 bits (docs/PROTOCOL.md §7.8, freshness). */
@@ -1204,7 +1226,10 @@ static void want_exchange(ss_crypto_t *c, const uint8_t *source, int32_t source_
         forget_exchange(slot);
         return;
     }
-    /* -> psk, e; the payload empty (its tag alone: only a holder of the key makes it). */
+    /* -> psk, e; the payload the wall clock's milliseconds (only a holder of the key makes
+     * its tag: a responder refuses it once it is older than the skew allowed). */
+    uint8_t timestamp[8];
+    store_u64(timestamp, wall_ms(c));
     handshake_header(init, SS_HANDSHAKE_INIT_LENGTH, SS_EXT_TYPE_HANDSHAKE_INIT, key->id,
                      slot->exchange_id);
     store_u64(init + SS_HANDSHAKE_ASKED_FIELD, asked);
@@ -1212,8 +1237,8 @@ static void want_exchange(ss_crypto_t *c, const uint8_t *source, int32_t source_
     if (!noise_start(&slot->noise, key->id, slot->exchange_id, asked) ||
         !mix_key_and_hash(&slot->noise, key->key, SS_CRYPTO_KEY_LENGTH) ||
         !mix_ephemeral(&slot->noise, public_key) ||
-        !encrypt_and_hash(&slot->noise, NULL, 0,
-                          init + SS_HANDSHAKE_INIT_EPHEMERAL_FIELD + DH_LENGTH)) {
+        !encrypt_and_hash(&slot->noise, timestamp, sizeof timestamp,
+                          init + SS_HANDSHAKE_INIT_TIMESTAMP_FIELD)) {
         forget_exchange(slot);
         return;
     }
@@ -1224,6 +1249,28 @@ static void want_exchange(ss_crypto_t *c, const uint8_t *source, int32_t source_
     slot->tries = 1;
     slot->renewal = renewal;
     post(c, init, SS_HANDSHAKE_INIT_LENGTH, source, source_length);
+}
+
+/* Whether an authentic INIT stamped `sent_ms` with ephemeral key `initiator` may be answered:
+ * stamped within the clock skew allowed of this clock, and its ephemeral key not among those
+ * answered within that span. */
+static int init_is_new(const ss_crypto_t *c, const uint8_t *initiator, uint64_t sent_ms) {
+    const uint64_t now = wall_ms(c);
+    if (sent_ms + INIT_SKEW_MS < now || sent_ms > now + INIT_SKEW_MS) return 0;
+    const uint64_t ephemeral = load_u64(initiator);
+    for (int32_t i = 0; i < INITS_SEEN_MAX; i++)
+        if (c->inits_seen[i].ephemeral == ephemeral && c->inits_seen[i].sent_ms != 0 &&
+            c->inits_seen[i].sent_ms + INIT_SKEW_MS >= now)
+            return 0;
+    return 1;
+}
+
+/* An INIT answered: its ephemeral key is not answered again while its timestamp is fresh. */
+static void init_answered(ss_crypto_t *c, const uint8_t *initiator, uint64_t sent_ms) {
+    init_seen_t *seen = &c->inits_seen[c->inits_seen_next];
+    c->inits_seen_next = (c->inits_seen_next + 1) % INITS_SEEN_MAX;
+    seen->ephemeral = load_u64(initiator);
+    seen->sent_ms = sent_ms;
 }
 
 /* An INIT: answered if a holder of the key made it (<- e, ee, the payload our sender ids),
@@ -1276,9 +1323,16 @@ static int32_t answer_init(ss_crypto_t *c, const uint8_t *data, const key_slot_t
     if (!noise_start(&s, key->id, exchange_id, asked) ||
         !mix_key_and_hash(&s, key->key, SS_CRYPTO_KEY_LENGTH) ||
         !mix_ephemeral(&s, initiator) ||
-        !decrypt_and_hash(&s, initiator + DH_LENGTH, 0, payload)) {
+        !decrypt_and_hash(&s, data + SS_HANDSHAKE_INIT_TIMESTAMP_FIELD, 8, payload)) {
         OPENSSL_cleanse(&s, sizeof s);
         count(c->counters.handshake_failed_drops, 1); /* not made with this key */
+        return SS_OPEN_HANDSHAKE_REFUSED;
+    }
+    const uint64_t init_sent_ms = load_u64(payload);
+    if (!init_is_new(c, initiator, init_sent_ms)) {
+        /* Made longer ago than the skew allowed, or answered before: a recording. */
+        OPENSSL_cleanse(&s, sizeof s);
+        count(c->counters.handshake_unmatched_drops, 1);
         return SS_OPEN_HANDSHAKE_REFUSED;
     }
     if (slot == NULL && oldest != NULL && ms >= oldest->answered_ms + ANSWER_RESEND_MS)
@@ -1317,6 +1371,7 @@ static int32_t answer_init(ss_crypto_t *c, const uint8_t *data, const key_slot_t
         return SS_OPEN_HANDSHAKE_REFUSED;
     }
     c->answers_made++;
+    init_answered(c, initiator, init_sent_ms);
     slot->used = 1;
     slot->exchange_id = exchange_id;
     memcpy(slot->initiator, initiator, DH_LENGTH);

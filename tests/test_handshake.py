@@ -95,7 +95,7 @@ def test_one_round_trip_gives_each_end_the_others_session(counters) -> None:
     publisher, subscriber = endpoint(), endpoint(counters)
     assert subscriber.open(publisher.seal(b"setup"), PUBLISHER) == AWAITING
     [(init, to)] = subscriber.take_handshakes()
-    assert to == PUBLISHER and len(init) == HANDSHAKE_INIT_LENGTH == 80
+    assert to == PUBLISHER and len(init) == HANDSHAKE_INIT_LENGTH == 88
     assert kind(init) == EXT_TYPE_HANDSHAKE_INIT
     assert HANDSHAKE_INIT.unpack_from(init)[8] == 0  # unicast: the peer's sessions, any id
     assert publisher.open(init, SUBSCRIBER) == TAKEN
@@ -124,7 +124,7 @@ def test_the_exchange_is_noise_nnpsk0_as_an_independent_implementation_makes_it(
     initiator.set_psks(psk=KEY)
     initiator.set_prologue(prologue(KEY_ID, exchange_id, 0))
     initiator.start_handshake()
-    message = initiator.write_message(b"")
+    message = initiator.write_message(struct.pack("<Q", int(time.time() * 1000)))  # its clock
     init = header(HANDSHAKE_INIT_LENGTH, EXT_TYPE_HANDSHAKE_INIT, exchange_id) \
         + struct.pack("<Q", 0) + message
     assert publisher.open(init, SUBSCRIBER) == TAKEN
@@ -508,3 +508,28 @@ def test_an_endpoint_starts_at_most_64_new_exchanges_a_second(counters) -> None:
     time.sleep(0.02)
     assert subscriber.open(forger.seal(b"forged"), sockaddr(("10.0.9.1", 40000))) == AWAITING
     assert len(subscriber.take_handshakes()) == 1
+
+
+def test_a_recorded_init_is_answered_once_and_a_stale_one_never(counters) -> None:
+    """An INIT carries its initiator's clock, sealed under the key: replayed after its answer
+    is gone (5 s, the clock driven), it is refused, its ephemeral key remembered while its
+    time is within the skew allowed; an INIT older than that skew is refused unanswered."""
+    publisher, subscriber = endpoint(counters), endpoint()
+    assert subscriber.open(publisher.seal(b"setup"), PUBLISHER) == AWAITING
+    [(init, _)] = subscriber.take_handshakes()
+    assert publisher.open(init, SUBSCRIBER) == TAKEN
+    assert len(publisher.take_handshakes()) == 1
+    network.ss_crypto_set_clock_offset(publisher.c, 6)  # its answer forgotten (kept 5 s)
+    assert publisher.open(publisher.seal(b"sweep"), PUBLISHER) == AWAITING  # a sweep runs
+    publisher.take_handshakes()
+    assert publisher.open(init, sockaddr(("10.0.0.9", 40009))) == REFUSED  # replayed
+    assert publisher.take_handshakes() == []
+    assert counters.get(SystemCounter.CRYPTO_HANDSHAKE_UNMATCHED_DROPS) == 1
+    network.ss_crypto_set_clock_offset(publisher.c, 0)
+    late = endpoint()
+    assert late.open(publisher.seal(b"setup"), PUBLISHER) == AWAITING
+    [(stale, _)] = late.take_handshakes()  # never delivered, until the skew has passed
+    network.ss_crypto_set_clock_offset(publisher.c, network.SS_CRYPTO_CLOCK_SKEW_S + 1)
+    assert publisher.open(stale, sockaddr(("10.0.0.8", 40008))) == REFUSED
+    assert publisher.take_handshakes() == []
+    assert counters.get(SystemCounter.CRYPTO_HANDSHAKE_UNMATCHED_DROPS) == 2
