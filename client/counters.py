@@ -328,9 +328,10 @@ class SystemCounter(enum.IntEnum):
     # handshake datagrams malformed, or not made with the key (another key's, forged)
     CRYPTO_HANDSHAKE_FAILED_DROPS = 76
     # handshake datagrams of no exchange of this endpoint (another receiver's on a multicast
-    # group, repeated, replayed)
+    # group, repeated, replayed; an INIT outside the clock skew or answered before)
     CRYPTO_HANDSHAKE_UNMATCHED_DROPS = 77
-    # INITs past the per-source answer rate or while every answer slot is in use
+    # INITs past the per-source answer rate or while every answer slot is in use; exchanges
+    # started with every exchange slot waiting (the oldest evicted) or past 64 a second
     CRYPTO_HANDSHAKE_LIMITED_DROPS = 78
     # handshakes an encrypted endpoint completed, as initiator or responder
     CRYPTO_HANDSHAKES = 79

@@ -97,8 +97,10 @@ typedef struct {
     int64_t *awaiting_handshake_drops; /* sealed by a sender with no session here yet, or
                                         * below the counter its session began at */
     int64_t *handshake_failed_drops;   /* handshake datagrams malformed or not authentic */
-    int64_t *handshake_unmatched_drops; /* answers and confirmations of no exchange here */
-    int64_t *handshake_limited_drops;  /* INITs past the per-source rate or a full table */
+    int64_t *handshake_unmatched_drops; /* answers and confirmations of no exchange here;
+                                         * INITs stale or answered before */
+    int64_t *handshake_limited_drops;  /* INITs past the per-source rate or a full table;
+                                        * exchanges evicting or past the rate to start */
     int64_t *handshakes;               /* exchanges completed, as initiator or responder */
 } ss_crypto_counters_t;
 
