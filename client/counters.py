@@ -279,7 +279,7 @@ class SystemCounter(enum.IntEnum):
     CRYPTO_UNKNOWN_KEY_DROPS = 53  # sealed under a key id the endpoint's key file does not hold
     CRYPTO_AUTH_DROPS = 54  # failed to open: tampered, truncated, or sealed under another key
     CRYPTO_REPLAY_DROPS = 55  # a counter already opened, below the window, or a stale sender id
-    CRYPTO_SEAL_REFUSED = 56  # datagrams not sent: they could not be sealed (too long, libcrypto)
+    CRYPTO_SEAL_REFUSED = 56  # not sealed (too long, libcrypto), or a sender id due not drawn
     CRYPTO_SEALED_AT_PLAIN_DROPS = 57  # a sealed datagram at a plain endpoint (a key it lacks)
     # issue 59, ctrlbind:
     # status messages naming a live receiver from another host than the one its status
@@ -328,9 +328,10 @@ class SystemCounter(enum.IntEnum):
     # handshake datagrams malformed, or not made with the key (another key's, forged)
     CRYPTO_HANDSHAKE_FAILED_DROPS = 76
     # handshake datagrams of no exchange of this endpoint (another receiver's on a multicast
-    # group, repeated, replayed)
+    # group, repeated, replayed; an INIT outside the clock skew or answered before)
     CRYPTO_HANDSHAKE_UNMATCHED_DROPS = 77
-    # INITs past the per-source answer rate or while every answer slot is in use
+    # INITs past the per-source answer rate or while every answer slot is in use; exchanges
+    # started with every exchange slot waiting (the oldest evicted) or past 64 a second
     CRYPTO_HANDSHAKE_LIMITED_DROPS = 78
     # handshakes an encrypted endpoint completed, as initiator or responder
     CRYPTO_HANDSHAKES = 79

@@ -158,21 +158,23 @@ SEALED_FRAME_MAX: Final = 65536 + SEALED_OVERHEAD
 
 # The handshake of encrypted channels (docs/PROTOCOL.md §7.8): Noise_NNpsk0 with the key as
 # the pre-shared key, three EXT datagrams whose flags byte is the key id.  INIT: the exchange
-# id, the sender id asked for, the initiator's ephemeral public key, a tag; ANSWER: the
+# id, the sender id asked for, the initiator's ephemeral public key, its wall clock's
+# milliseconds sealed (u64, 8 bytes) and their tag; ANSWER: the
 # exchange id, the responder's ephemeral public key, its sender ids sealed; CONFIRM: the
 # exchange id, the initiator's sender ids sealed.
 EXT_TYPE_HANDSHAKE_INIT: Final = 4  # an endpoint to a peer whose datagrams it cannot open yet
 EXT_TYPE_HANDSHAKE_ANSWER: Final = 5  # the peer's answer: its traffic secrets
 EXT_TYPE_HANDSHAKE_CONFIRM: Final = 6  # the initiator's traffic secrets
-HANDSHAKE_INIT: Final = struct.Struct("<iBBHiHHQQ32s16s")
+HANDSHAKE_INIT: Final = struct.Struct("<iBBHiHHQQ32s8s16s")
 HANDSHAKE_ANSWER: Final = struct.Struct("<iBBHiHHQ32s96s16s")
 HANDSHAKE_CONFIRM: Final = struct.Struct("<iBBHiHHQ96s16s")
-HANDSHAKE_INIT_LENGTH: Final = HANDSHAKE_INIT.size  # 80
+HANDSHAKE_INIT_LENGTH: Final = HANDSHAKE_INIT.size  # 88
 HANDSHAKE_ANSWER_LENGTH: Final = HANDSHAKE_ANSWER.size  # 168
 HANDSHAKE_CONFIRM_LENGTH: Final = HANDSHAKE_CONFIRM.size  # 136
 HANDSHAKE_EXCHANGE_ID_FIELD: Final = EXT_HEADER_LENGTH  # 16
 HANDSHAKE_ASKED_FIELD: Final = HANDSHAKE_EXCHANGE_ID_FIELD + 8  # 24
 HANDSHAKE_INIT_EPHEMERAL_FIELD: Final = HANDSHAKE_ASKED_FIELD + 8  # 32
+HANDSHAKE_INIT_TIMESTAMP_FIELD: Final = HANDSHAKE_INIT_EPHEMERAL_FIELD + 32  # 64
 HANDSHAKE_ANSWER_EPHEMERAL_FIELD: Final = HANDSHAKE_EXCHANGE_ID_FIELD + 8  # 24
 HANDSHAKE_CONFIRM_PAYLOAD_FIELD: Final = HANDSHAKE_EXCHANGE_ID_FIELD + 8  # 24
 

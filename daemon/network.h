@@ -55,9 +55,10 @@
 #define SS_HANDSHAKE_EXCHANGE_ID_FIELD 16
 #define SS_HANDSHAKE_ASKED_FIELD 24
 #define SS_HANDSHAKE_INIT_EPHEMERAL_FIELD 32
+#define SS_HANDSHAKE_INIT_TIMESTAMP_FIELD 64
 #define SS_HANDSHAKE_ANSWER_EPHEMERAL_FIELD 24
 #define SS_HANDSHAKE_CONFIRM_PAYLOAD_FIELD 24
-#define SS_HANDSHAKE_INIT_LENGTH 80
+#define SS_HANDSHAKE_INIT_LENGTH 88
 #define SS_HANDSHAKE_ANSWER_LENGTH 168
 #define SS_HANDSHAKE_CONFIRM_LENGTH 136
 /* ss_crypto_open's verdicts (each counted by its cause). */
@@ -91,12 +92,15 @@ typedef struct {
     int64_t *replay_drops;        /* a counter the sender's window has seen, or below it, or
                                    * a sender id past its lifetime */
     int64_t *senders_full_drops;  /* a new sender while every slot holds a fresh one */
-    int64_t *seal_failures;       /* datagrams not sent: not sealed (too long, libcrypto) */
+    int64_t *seal_failures;       /* datagrams not sent: not sealed (too long, libcrypto); and
+                                   * seals whose new sender id, due, was not drawn */
     int64_t *awaiting_handshake_drops; /* sealed by a sender with no session here yet, or
                                         * below the counter its session began at */
     int64_t *handshake_failed_drops;   /* handshake datagrams malformed or not authentic */
-    int64_t *handshake_unmatched_drops; /* answers and confirmations of no exchange here */
-    int64_t *handshake_limited_drops;  /* INITs past the per-source rate or a full table */
+    int64_t *handshake_unmatched_drops; /* answers and confirmations of no exchange here;
+                                         * INITs stale or answered before */
+    int64_t *handshake_limited_drops;  /* INITs past the per-source rate or a full table;
+                                        * exchanges evicting or past the rate to start */
     int64_t *handshakes;               /* exchanges completed, as initiator or responder */
 } ss_crypto_counters_t;
 
@@ -104,9 +108,17 @@ typedef struct {
 ss_crypto_t *ss_crypto_new(void);
 void ss_crypto_free(ss_crypto_t *c);
 ss_crypto_counters_t *ss_crypto_counters(ss_crypto_t *c);
+/* Once a second of the wall clock at most, from the thread that seals and opens through the
+ * endpoint (one agent's duty cycle, which runs at least once a second: the driver's agents
+ * never split an endpoint's sealing and opening between threads): forget what may no longer
+ * be used, traffic or not (peers' secrets past their ids' age, exchanges and answers done
+ * with), and move this endpoint to its next sender id once its own is past its lifetime
+ * (its secret erased).  Forward secrecy holds on an idle endpoint too. */
+void ss_crypto_tick(ss_crypto_t *c);
 uint64_t ss_crypto_sender_id(const ss_crypto_t *c);
-/* The next datagram's counter (a test's: counters never repeat under one sender id). */
-void ss_crypto_set_counter(ss_crypto_t *c, uint64_t counter);
+/* The next datagram's counter, forward only (a test's: counters never repeat under one
+ * sender id): 0, or -1 for one below the next datagram's. */
+int32_t ss_crypto_set_counter(ss_crypto_t *c, uint64_t counter);
 /* This context's wall clock runs `seconds` ahead of the host's (a test's: a sender id seen
  * later, or drawn earlier, without waiting). */
 void ss_crypto_set_clock_offset(ss_crypto_t *c, int64_t seconds);

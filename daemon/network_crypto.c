@@ -9,8 +9,10 @@
  * the endpoint sends (network_endpoints.c) and opens every datagram it receives before
  * dispatch (network_receiver.c).  Sealing runs on the one thread that sends through the
  * endpoint, opening on the one that receives on it; the keys are set from any thread
- * through a pending slot that the data path takes over at its next use (a lock word, never
- * waited on there).
+ * through a pending slot whose parts each of the two takes over at its next use, into state
+ * only it reads (a lock word, never waited on there).  (The driver's agents seal and open an
+ * endpoint on one thread, daemon/agents' _c_view: ss_crypto_tick, which does both sides'
+ * erasure, relies on it.)
  *
  * A sealed datagram (SS_SEALED_*, client/layout.py's SEALED_HEADER):
  *
@@ -78,6 +80,10 @@
 #define RETRY_MS 100
 #define RETRIES_MAX 20
 #define EXCHANGE_MIN_MS 1000
+/* A waiting exchange is given up this long after it started, however few of its tries went
+ * (tries go only when its source sends again: a source that fell silent, or a forger that
+ * sent once, holds no slot longer than this). */
+#define EXCHANGE_WAIT_MS (RETRIES_MAX * RETRY_MS + EXCHANGE_MIN_MS)
 /* An answered exchange is remembered this long: a repeated INIT gets the same answer, the
  * CONFIRM finds its key; an answer is sent again at most once per ANSWER_RESEND_MS. */
 #define ANSWER_KEEP_MS 5000
@@ -85,6 +91,15 @@
 /* New answers an endpoint makes a second at most, whoever asks (each costs an X25519 key and
  * agreement: a recording of INITs replayed from many spoofed sources costs this at most). */
 #define ANSWERS_PER_SECOND 64
+/* An INIT carries its initiator's wall clock (ms): one older or newer than the clock skew
+ * allowed is refused, and the ephemeral key of each INIT answered is remembered as long as
+ * its timestamp is within that skew (ANSWERS_PER_SECOND a second at most: the ring holds
+ * every one of that span), so that a recorded INIT is answered once, never again. */
+#define INIT_SKEW_MS ((uint64_t)SS_CRYPTO_CLOCK_SKEW_S * 1000u)
+#define INITS_SEEN_MAX (ANSWERS_PER_SECOND * (2 * SS_CRYPTO_CLOCK_SKEW_S + 2))
+/* New exchanges an endpoint starts a second at most, renewals aside (each costs an X25519
+ * key: sealed datagrams of new sender ids from many spoofed sources cost this at most). */
+#define EXCHANGES_PER_SECOND 64
 
 static const unsigned char SEAL_INFO[] = "slipstream sealed datagram v2";
 /* Noise's protocol name: exactly HASH_LENGTH bytes, so h starts as the name itself. */
@@ -92,8 +107,9 @@ static const char NOISE_NAME[] = "Noise_NNpsk0_25519_AESGCM_SHA256";
 static const unsigned char PROLOGUE[] = "slipstream handshake v1";
 
 _Static_assert(sizeof NOISE_NAME - 1 == HASH_LENGTH, "Noise: a name of HASHLEN is h itself");
-_Static_assert(SS_HANDSHAKE_INIT_LENGTH ==
-               SS_HANDSHAKE_INIT_EPHEMERAL_FIELD + DH_LENGTH + SS_SEALED_TAG_LENGTH, "INIT");
+_Static_assert(SS_HANDSHAKE_INIT_TIMESTAMP_FIELD == SS_HANDSHAKE_INIT_EPHEMERAL_FIELD + DH_LENGTH &&
+               SS_HANDSHAKE_INIT_LENGTH ==
+               SS_HANDSHAKE_INIT_TIMESTAMP_FIELD + 8 + SS_SEALED_TAG_LENGTH, "INIT");
 _Static_assert(SS_HANDSHAKE_ANSWER_LENGTH == SS_HANDSHAKE_ANSWER_EPHEMERAL_FIELD + DH_LENGTH +
                PAYLOAD_LENGTH + SS_SEALED_TAG_LENGTH, "ANSWER");
 _Static_assert(SS_HANDSHAKE_CONFIRM_LENGTH ==
@@ -145,6 +161,7 @@ typedef struct {
     uint8_t init[SS_HANDSHAKE_INIT_LENGTH];
     uint64_t started_ms, sent_ms;
     int32_t tries;
+    int32_t renewal;              /* asked by a sender with a session: strangers never evict it */
 } exchange_t;
 
 enum { EXCHANGE_FREE, EXCHANGE_PENDING, EXCHANGE_DONE };
@@ -163,6 +180,12 @@ typedef struct {
     uint64_t answered_ms, sent_ms;
 } answer_t;
 
+/* An INIT answered: its ephemeral key's first 8 bytes, and its timestamp (wall ms). */
+typedef struct {
+    uint64_t ephemeral;
+    uint64_t sent_ms;
+} init_seen_t;
+
 typedef struct {
     int32_t length;
     int32_t address_length;
@@ -171,13 +194,19 @@ typedef struct {
 } outgoing_t;
 
 struct ss_crypto {
-    key_slot_t keys[SS_CRYPTO_KEYS_MAX];           /* keys[0] seals; both open */
-    /* Keys set from another thread: taken over by the data path at its next use.  The lock
-     * also guards the sender ids and secrets below against the receiving thread's reads. */
+    /* The receiving thread's keys: both open, keys[0] makes its INITs. */
+    key_slot_t keys[SS_CRYPTO_KEYS_MAX];
+    /* Keys set from another thread: each of the two threads takes over its own part at its
+     * next use (pending_open: the receiving thread's keys; pending_seal: the sealing thread's
+     * key id), so that neither reads what the other writes.  The lock also guards the sender
+     * ids and secrets below against the receiving thread's reads. */
     int32_t lock;
-    int32_t pending;
+    int32_t pending_open, pending_seal;
     key_slot_t pending_keys[SS_CRYPTO_KEYS_MAX];
+    uint8_t pending_seal_id;
     /* Sealing (the sending thread). */
+    int32_t sealing_held;         /* a key to seal under, whose id is sealing_id */
+    uint8_t sealing_id;
     uint64_t sender_id;
     uint64_t counter;             /* the next datagram's */
     uint8_t secret[SECRET_LENGTH];        /* sender_id's traffic secret */
@@ -204,6 +233,8 @@ struct ss_crypto {
     uint8_t trial_iv[IV_LENGTH];
     exchange_t exchanges[EXCHANGES_MAX];
     answer_t answers[ANSWERS_MAX];
+    init_seen_t inits_seen[INITS_SEEN_MAX]; /* a ring, the oldest overwritten */
+    int32_t inits_seen_next;
     outgoing_t outbox[OUTBOX_MAX];
     int32_t outbox_count;
     int32_t handshake_address_length;
@@ -211,6 +242,8 @@ struct ss_crypto {
     uint64_t swept_s;             /* the wall clock's second of the last sweep */
     uint64_t answers_second;      /* the second of answers_made */
     int32_t answers_made;
+    uint64_t exchanges_second;    /* the second of exchanges_made */
+    int32_t exchanges_made;
     ss_crypto_counters_t counters;
 };
 
@@ -241,21 +274,35 @@ int32_t ss_crypto_set_keys(ss_crypto_t *c, const uint8_t *ids, const uint8_t *ke
         c->pending_keys[i].id = ids[i];
         memcpy(c->pending_keys[i].key, keys + (size_t)i * SS_CRYPTO_KEY_LENGTH, SS_CRYPTO_KEY_LENGTH);
     }
-    __atomic_store_n(&c->pending, 1, __ATOMIC_RELEASE);
+    c->pending_seal_id = ids[0];
+    __atomic_store_n(&c->pending_open, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&c->pending_seal, 1, __ATOMIC_RELEASE);
     unlock(c);
     return 0;
 }
 
-/* Take over keys set since the last use: each AEAD is derived again at its next datagram. */
-static inline void take_keys(ss_crypto_t *c) {
-    if (__builtin_expect(!__atomic_load_n(&c->pending, __ATOMIC_ACQUIRE), 1)) return;
+/* The receiving thread's: take over keys set since its last use (each peer's AEAD is derived
+ * again at its next datagram). */
+static inline void take_open_keys(ss_crypto_t *c) {
+    if (__builtin_expect(!__atomic_load_n(&c->pending_open, __ATOMIC_ACQUIRE), 1)) return;
     lock(c);
     memcpy(c->keys, c->pending_keys, sizeof c->keys);
     OPENSSL_cleanse(c->pending_keys, sizeof c->pending_keys); /* one copy of a key, not two */
-    c->pending = 0;
+    c->pending_open = 0;
+    unlock(c);
+    for (int32_t i = 0; i < PEERS_MAX; i++) c->peers[i].ready = 0;
+}
+
+/* The sealing thread's: take over the id of the key that seals (its datagrams' key id; the
+ * AEAD comes from the sender's traffic secret, derived again at the next datagram). */
+static inline void take_seal_key(ss_crypto_t *c) {
+    if (__builtin_expect(!__atomic_load_n(&c->pending_seal, __ATOMIC_ACQUIRE), 1)) return;
+    lock(c);
+    c->sealing_id = c->pending_seal_id;
+    c->sealing_held = 1;
+    c->pending_seal = 0;
     unlock(c);
     c->seal_ready = 0;
-    for (int32_t i = 0; i < PEERS_MAX; i++) c->peers[i].ready = 0;
 }
 
 static const key_slot_t *key_of(const ss_crypto_t *c, uint8_t id) {
@@ -347,8 +394,10 @@ ss_crypto_counters_t *ss_crypto_counters(ss_crypto_t *c) { return &c->counters; 
 
 uint64_t ss_crypto_sender_id(const ss_crypto_t *c) { return c->sender_id; }
 
-void ss_crypto_set_counter(ss_crypto_t *c, uint64_t counter) {
+int32_t ss_crypto_set_counter(ss_crypto_t *c, uint64_t counter) {
+    if (counter < __atomic_load_n(&c->counter, __ATOMIC_RELAXED)) return -1;
     __atomic_store_n(&c->counter, counter, __ATOMIC_RELAXED);
+    return 0;
 }
 
 void ss_crypto_set_handshake_address(ss_crypto_t *c, const uint8_t *address,
@@ -369,6 +418,13 @@ static uint64_t wall_seconds(const ss_crypto_t *c) {
     return (uint64_t)(now.tv_sec + c->clock_offset_s);
 }
 
+/* The wall clock, in milliseconds (an INIT's timestamp). */
+static uint64_t wall_ms(const ss_crypto_t *c) {
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME_COARSE, &now);
+    return (uint64_t)(now.tv_sec + c->clock_offset_s) * 1000u + (uint64_t)now.tv_nsec / 1000000u;
+}
+
 /* When a sender id was drawn: its high 32 bits (docs/PROTOCOL.md §7.8, freshness). */
 static uint64_t born_of(uint64_t sender_id) { return sender_id >> 32; }
 
@@ -381,25 +437,31 @@ static int sender_is_fresh(uint64_t sender_id, uint64_t now_s) {
 }
 
 /* A sender id born at `born_s` (the clock's seconds above 32 random bits) and its traffic
- * secret. */
+ * secret; nothing written unless both were drawn. */
 static int draw_id(uint64_t born_s, uint64_t *id, uint8_t secret[SECRET_LENGTH]) {
     uint32_t random = 0;
-    if (getrandom(&random, sizeof random, 0) != (ssize_t)sizeof random ||
-        getrandom(secret, SECRET_LENGTH, 0) != SECRET_LENGTH)
-        return 0;
-    *id = ((born_s & 0xFFFFFFFFu) << 32) | random;
-    return 1;
+    uint8_t drawn[SECRET_LENGTH];
+    const int ok = getrandom(&random, sizeof random, 0) == (ssize_t)sizeof random &&
+                   getrandom(drawn, SECRET_LENGTH, 0) == SECRET_LENGTH;
+    if (ok) {
+        *id = ((born_s & 0xFFFFFFFFu) << 32) | random;
+        memcpy(secret, drawn, SECRET_LENGTH);
+    }
+    OPENSSL_cleanse(drawn, sizeof drawn);
+    return ok;
 }
 
 /* The sender id to seal with from now on, its counter from 0: the next one drawn ahead, whom
  * peers of an earlier exchange already hold, while it is within its lifetime; else a new one.
  * Then a new next one, born when this one's lifetime ends.  The id given up, and its secret,
- * are gone (forward secrecy).  Under the lock: the receiving thread's answers read them. */
+ * are gone (forward secrecy).  If no randomness came, the id in use goes on with its secret
+ * and its counter (a counter never starts again under one id: its nonces would repeat), and
+ * the next one is none: 0, and a later call draws again.  Under the lock: the receiving
+ * thread's answers read them. */
 static int draw_senders(ss_crypto_t *c, uint64_t now_s) {
     now_s &= 0xFFFFFFFFu;
-    const uint64_t next_born = born_of(c->next_sender_id);
+    const uint64_t next_born = born_of(c->next_sender_id), before = c->sender_id;
     int ok = 1;
-    c->previous_sender_id = c->sender_id;
     if (c->next_sender_id != 0 && next_born <= now_s + SS_CRYPTO_CLOCK_SKEW_S &&
         now_s < next_born + SS_CRYPTO_SENDER_ID_LIFETIME_S) {
         c->sender_id = c->next_sender_id;
@@ -407,11 +469,18 @@ static int draw_senders(ss_crypto_t *c, uint64_t now_s) {
     } else {
         ok = draw_id(now_s, &c->sender_id, c->secret);
     }
-    ok = ok && draw_id(born_of(c->sender_id) + SS_CRYPTO_SENDER_ID_LIFETIME_S,
-                       &c->next_sender_id, c->next_secret);
-    __atomic_store_n(&c->counter, 0, __ATOMIC_RELAXED);
-    c->seal_ready = 0;
-    return ok;
+    if (c->sender_id != before) {
+        c->previous_sender_id = before;
+        __atomic_store_n(&c->counter, 0, __ATOMIC_RELAXED);
+        c->seal_ready = 0;
+    }
+    if (!draw_id(born_of(c->sender_id) + SS_CRYPTO_SENDER_ID_LIFETIME_S, &c->next_sender_id,
+                 c->next_secret)) {
+        ok = 0;
+        c->next_sender_id = 0;
+        OPENSSL_cleanse(c->next_secret, SECRET_LENGTH);
+    }
+    return ok && c->sender_id != 0;
 }
 
 /* The sealing thread's: a sender id older than SS_CRYPTO_SENDER_ID_LIFETIME_S gives way to
@@ -421,8 +490,9 @@ static void fresh_sender(ss_crypto_t *c) {
     const uint64_t now_s = wall_seconds(c) & 0xFFFFFFFFu, born = born_of(c->sender_id);
     if (now_s >= born + SS_CRYPTO_SENDER_ID_LIFETIME_S || born > now_s + SS_CRYPTO_CLOCK_SKEW_S) {
         lock(c);
-        draw_senders(c, now_s);  /* no randomness: the old id goes on, still unique */
+        const int drawn = draw_senders(c, now_s);
         unlock(c);
+        if (!drawn) count(c->counters.seal_failures, 1); /* no randomness: drawn again next */
     }
 }
 
@@ -430,11 +500,10 @@ static void fresh_sender(ss_crypto_t *c) {
 
 static int seal_keyed(ss_crypto_t *c, uint64_t epoch) {
     if (c->seal_ready && c->seal_epoch == epoch) return 1;
-    const key_slot_t *key = &c->keys[0];
-    if (!key->held) return 0;
+    if (!c->sealing_held) return 0;
     c->seal_ready = derive(c->seal, c->seal_iv, c->secret, c->sender_id, epoch, 1);
     c->seal_epoch = epoch;
-    c->seal_key_id = key->id;
+    c->seal_key_id = c->sealing_id;
     return c->seal_ready;
 }
 
@@ -485,7 +554,7 @@ static int32_t seal_vectors(ss_crypto_t *c, const struct iovec *vectors, size_t 
 int32_t ss_crypto_seal(ss_crypto_t *c, const uint8_t *plain, int32_t length, uint8_t *out,
                        int32_t capacity) {
     if (length < 0 || capacity < 0) return -1;
-    take_keys(c);
+    take_seal_key(c);
     fresh_sender(c);
     struct iovec vector = {.iov_base = (void *)plain, .iov_len = (size_t)length};
     return seal_vectors(c, &vector, 1, (size_t)length, out, (size_t)capacity);
@@ -527,7 +596,7 @@ static void add_message(ss_crypto_t *c, uint32_t index, uint8_t *out, size_t len
 
 int ss_crypto_send(ss_crypto_t *c, struct mmsghdr *messages, uint32_t message_count,
                    int (*send)(void *, struct mmsghdr *, uint32_t), void *context) {
-    take_keys(c);
+    take_seal_key(c);
     fresh_sender(c);
     uint32_t done = 0; /* the caller's messages sent whole */
     while (done < message_count) {
@@ -660,6 +729,13 @@ static peer_t *new_peer(ss_crypto_t *c, uint64_t now_s) {
     return NULL;
 }
 
+/* The trial context's key schedule and IV erased (after each use: it holds an epoch given
+ * up, or one a single late datagram needed). */
+static void forget_trial(ss_crypto_t *c) {
+    EVP_CIPHER_CTX_reset(c->trial); /* cleanses the key schedule */
+    OPENSSL_cleanse(c->trial_iv, IV_LENGTH);
+}
+
 /* Decrypt in place (the plaintext stays at data + header) and check the tag. */
 static int decrypt(EVP_CIPHER_CTX *ctx, const uint8_t iv[IV_LENGTH], uint64_t counter,
                    uint8_t *data, int32_t length) {
@@ -685,7 +761,7 @@ static int32_t take_handshake(ss_crypto_t *c, const uint8_t *data, int32_t lengt
 
 int32_t ss_crypto_open(ss_crypto_t *c, uint8_t *data, int32_t length, const uint8_t *source,
                        int32_t source_length) {
-    take_keys(c);
+    take_open_keys(c);
     uint16_t type = 0, ext_type = 0, ext_version = 0;
     int32_t magic = 0, frame_length = 0;
     if (length >= SS_FRAME_HEADER_LENGTH) {
@@ -753,6 +829,7 @@ int32_t ss_crypto_open(ss_crypto_t *c, uint8_t *data, int32_t length, const uint
          * nothing). */
         if (!derive(c->trial, c->trial_iv, p->secret, sender_id, epoch, 0) ||
             !decrypt(c->trial, c->trial_iv, counter, data, length)) {
+            forget_trial(c);
             count(c->counters.auth_drops, 1);
             return SS_OPEN_FAILED;
         }
@@ -764,6 +841,7 @@ int32_t ss_crypto_open(ss_crypto_t *c, uint8_t *data, int32_t length, const uint
             p->epoch = epoch;
             p->ready = 1;
         }
+        forget_trial(c); /* the epoch given up, or the late datagram's: no key kept twice */
     }
     window_mark(p, counter);
     if (p->announced) {
@@ -790,6 +868,11 @@ static void forget_exchange(exchange_t *x) {
 
 static void forget_answer(answer_t *a) { OPENSSL_cleanse(a, sizeof *a); }
 
+/* Whether a waiting exchange is given up: out of tries, or older than EXCHANGE_WAIT_MS. */
+static int exchange_given_up(const exchange_t *x, uint64_t ms) {
+    return x->tries >= RETRIES_MAX || ms >= x->started_ms + EXCHANGE_WAIT_MS;
+}
+
 /* Erase what may no longer be used: senders past their age (their secrets: forward secrecy),
  * exchanges that ran out of tries, answers no INIT or CONFIRM will need. */
 static void sweep(ss_crypto_t *c, uint64_t now_s) {
@@ -800,7 +883,7 @@ static void sweep(ss_crypto_t *c, uint64_t now_s) {
             forget_peer(&c->peers[i]);
     for (int32_t i = 0; i < EXCHANGES_MAX; i++) {
         exchange_t *x = &c->exchanges[i];
-        if (x->state == EXCHANGE_PENDING && x->tries >= RETRIES_MAX &&
+        if (x->state == EXCHANGE_PENDING && exchange_given_up(x, ms) &&
             ms >= x->sent_ms + 10 * EXCHANGE_MIN_MS) /* remembered: the next one asks for any */
             forget_exchange(x);
         else if (x->state == EXCHANGE_DONE && ms >= x->started_ms + EXCHANGE_MIN_MS)
@@ -809,6 +892,12 @@ static void sweep(ss_crypto_t *c, uint64_t now_s) {
     for (int32_t i = 0; i < ANSWERS_MAX; i++)
         if (c->answers[i].used && ms >= c->answers[i].answered_ms + ANSWER_KEEP_MS)
             forget_answer(&c->answers[i]);
+}
+
+void ss_crypto_tick(ss_crypto_t *c) {
+    const uint64_t now_s = wall_seconds(c);
+    if (now_s != c->swept_s) sweep(c, now_s);
+    fresh_sender(c);
 }
 
 /* A handshake datagram for the outbox, to `address` or this endpoint's handshake address. */
@@ -1064,12 +1153,14 @@ static int same_address(const uint8_t *a, int32_t a_length, const uint8_t *b,
 }
 
 /* A sealed datagram of `sender_id` from `source` found no session: start an exchange with
- * it, or send its INIT again (every RETRY_MS, RETRIES_MAX times), at most one exchange with a
- * source at once and a new one per EXCHANGE_MIN_MS; a renewal (its sender moved on to the id
- * drawn ahead) starts one whenever none is under way.  An exchange that named a sender id
- * and got no answer is followed by one that asks for any: the id may have been a forgery
- * spoofed from the source, and on a multicast group only the source's own endpoints hear
- * where this one sends. */
+ * it, or send its INIT again (every RETRY_MS, RETRIES_MAX times, within EXCHANGE_WAIT_MS), at
+ * most one exchange with a source at once and a new one per EXCHANGE_MIN_MS; a renewal (its
+ * sender moved on to the id drawn ahead) starts one whenever none is under way.  An exchange
+ * that named a sender id and got no answer is followed by one that asks for any: the id may
+ * have been a forgery spoofed from the source, and on a multicast group only the source's own
+ * endpoints hear where this one sends.  With every slot taken, the oldest waiting exchange
+ * gives way (a renewal's only to another renewal): whoever fills the table from many sources
+ * delays a real peer by one exchange, never refuses it. */
 static void want_exchange(ss_crypto_t *c, const uint8_t *source, int32_t source_length,
                           uint64_t sender_id, uint64_t ms, int renewal) {
     exchange_t *slot = NULL;
@@ -1079,10 +1170,11 @@ static void want_exchange(ss_crypto_t *c, const uint8_t *source, int32_t source_
         if (x->state == EXCHANGE_FREE ||
             !same_address(x->address, x->address_length, source, source_length))
             continue;
-        if (x->state == EXCHANGE_PENDING && x->tries < RETRIES_MAX) {
+        if (x->state == EXCHANGE_PENDING && !exchange_given_up(x, ms)) {
             if (ms >= x->sent_ms + RETRY_MS) {
                 x->sent_ms = ms;
                 x->tries++;
+                x->renewal |= renewal;
                 post(c, x->init, SS_HANDSHAKE_INIT_LENGTH, x->address, x->address_length);
             }
             return;
@@ -1093,16 +1185,34 @@ static void want_exchange(ss_crypto_t *c, const uint8_t *source, int32_t source_
                           load_u64(x->init + SS_HANDSHAKE_ASKED_FIELD) != 0;
         slot = x;
     }
+    exchange_t *oldest = NULL;
     for (int32_t i = 0; i < EXCHANGES_MAX && slot == NULL; i++) {
         exchange_t *x = &c->exchanges[i];
         if (x->state == EXCHANGE_FREE ||
             (x->state == EXCHANGE_DONE && ms >= x->started_ms + EXCHANGE_MIN_MS) ||
-            (x->state == EXCHANGE_PENDING && x->tries >= RETRIES_MAX &&
+            (x->state == EXCHANGE_PENDING && exchange_given_up(x, ms) &&
              ms >= x->sent_ms + EXCHANGE_MIN_MS))
             slot = x;
+        else if (x->state == EXCHANGE_PENDING && (renewal || !x->renewal) &&
+                 (oldest == NULL || (oldest->renewal && !x->renewal) ||
+                  (oldest->renewal == x->renewal && x->started_ms < oldest->started_ms)))
+            oldest = x; /* a stranger's before a renewal's, the oldest first */
+    }
+    if (slot == NULL) {
+        count(c->counters.handshake_limited_drops, 1); /* the table full */
+        slot = oldest;
     }
     const key_slot_t *key = &c->keys[0];
     if (slot == NULL || !key->held) return; /* every slot busy: the next datagram asks again */
+    if (ms / 1000 != c->exchanges_second) {
+        c->exchanges_second = ms / 1000;
+        c->exchanges_made = 0;
+    }
+    if (!renewal && c->exchanges_made >= EXCHANGES_PER_SECOND) {
+        count(c->counters.handshake_limited_drops, 1); /* the next datagram asks again */
+        return;
+    }
+    c->exchanges_made++;
     forget_exchange(slot);
     /* The sender id asked for: on a multicast group, where every receiver (or every sender
      * of the group) hears the INIT, the one whose datagram wanted it; elsewhere, and after a
@@ -1116,7 +1226,10 @@ static void want_exchange(ss_crypto_t *c, const uint8_t *source, int32_t source_
         forget_exchange(slot);
         return;
     }
-    /* -> psk, e; the payload empty (its tag alone: only a holder of the key makes it). */
+    /* -> psk, e; the payload the wall clock's milliseconds (only a holder of the key makes
+     * its tag: a responder refuses it once it is older than the skew allowed). */
+    uint8_t timestamp[8];
+    store_u64(timestamp, wall_ms(c));
     handshake_header(init, SS_HANDSHAKE_INIT_LENGTH, SS_EXT_TYPE_HANDSHAKE_INIT, key->id,
                      slot->exchange_id);
     store_u64(init + SS_HANDSHAKE_ASKED_FIELD, asked);
@@ -1124,8 +1237,8 @@ static void want_exchange(ss_crypto_t *c, const uint8_t *source, int32_t source_
     if (!noise_start(&slot->noise, key->id, slot->exchange_id, asked) ||
         !mix_key_and_hash(&slot->noise, key->key, SS_CRYPTO_KEY_LENGTH) ||
         !mix_ephemeral(&slot->noise, public_key) ||
-        !encrypt_and_hash(&slot->noise, NULL, 0,
-                          init + SS_HANDSHAKE_INIT_EPHEMERAL_FIELD + DH_LENGTH)) {
+        !encrypt_and_hash(&slot->noise, timestamp, sizeof timestamp,
+                          init + SS_HANDSHAKE_INIT_TIMESTAMP_FIELD)) {
         forget_exchange(slot);
         return;
     }
@@ -1134,7 +1247,30 @@ static void want_exchange(ss_crypto_t *c, const uint8_t *source, int32_t source_
     slot->address_length = source_length;
     slot->started_ms = slot->sent_ms = ms;
     slot->tries = 1;
+    slot->renewal = renewal;
     post(c, init, SS_HANDSHAKE_INIT_LENGTH, source, source_length);
+}
+
+/* Whether an authentic INIT stamped `sent_ms` with ephemeral key `initiator` may be answered:
+ * stamped within the clock skew allowed of this clock, and its ephemeral key not among those
+ * answered within that span. */
+static int init_is_new(const ss_crypto_t *c, const uint8_t *initiator, uint64_t sent_ms) {
+    const uint64_t now = wall_ms(c);
+    if (sent_ms + INIT_SKEW_MS < now || sent_ms > now + INIT_SKEW_MS) return 0;
+    const uint64_t ephemeral = load_u64(initiator);
+    for (int32_t i = 0; i < INITS_SEEN_MAX; i++)
+        if (c->inits_seen[i].ephemeral == ephemeral && c->inits_seen[i].sent_ms != 0 &&
+            c->inits_seen[i].sent_ms + INIT_SKEW_MS >= now)
+            return 0;
+    return 1;
+}
+
+/* An INIT answered: its ephemeral key is not answered again while its timestamp is fresh. */
+static void init_answered(ss_crypto_t *c, const uint8_t *initiator, uint64_t sent_ms) {
+    init_seen_t *seen = &c->inits_seen[c->inits_seen_next];
+    c->inits_seen_next = (c->inits_seen_next + 1) % INITS_SEEN_MAX;
+    seen->ephemeral = load_u64(initiator);
+    seen->sent_ms = sent_ms;
 }
 
 /* An INIT: answered if a holder of the key made it (<- e, ee, the payload our sender ids),
@@ -1187,9 +1323,16 @@ static int32_t answer_init(ss_crypto_t *c, const uint8_t *data, const key_slot_t
     if (!noise_start(&s, key->id, exchange_id, asked) ||
         !mix_key_and_hash(&s, key->key, SS_CRYPTO_KEY_LENGTH) ||
         !mix_ephemeral(&s, initiator) ||
-        !decrypt_and_hash(&s, initiator + DH_LENGTH, 0, payload)) {
+        !decrypt_and_hash(&s, data + SS_HANDSHAKE_INIT_TIMESTAMP_FIELD, 8, payload)) {
         OPENSSL_cleanse(&s, sizeof s);
         count(c->counters.handshake_failed_drops, 1); /* not made with this key */
+        return SS_OPEN_HANDSHAKE_REFUSED;
+    }
+    const uint64_t init_sent_ms = load_u64(payload);
+    if (!init_is_new(c, initiator, init_sent_ms)) {
+        /* Made longer ago than the skew allowed, or answered before: a recording. */
+        OPENSSL_cleanse(&s, sizeof s);
+        count(c->counters.handshake_unmatched_drops, 1);
         return SS_OPEN_HANDSHAKE_REFUSED;
     }
     if (slot == NULL && oldest != NULL && ms >= oldest->answered_ms + ANSWER_RESEND_MS)
@@ -1228,6 +1371,7 @@ static int32_t answer_init(ss_crypto_t *c, const uint8_t *data, const key_slot_t
         return SS_OPEN_HANDSHAKE_REFUSED;
     }
     c->answers_made++;
+    init_answered(c, initiator, init_sent_ms);
     slot->used = 1;
     slot->exchange_id = exchange_id;
     memcpy(slot->initiator, initiator, DH_LENGTH);

@@ -23,6 +23,7 @@ static int64_t clock_ns(void) {
 /* Read an endpoint's socket until it is empty, its datagrams for Python wait, or the batch
  * limit; returns the datagrams received. */
 static int32_t receive_endpoint(ss_receiver_t *r, int64_t now_ns) {
+    if (r->crypto != NULL) ss_crypto_tick(r->crypto); /* this thread seals and opens for it */
     if (r->fd < 0 || r->pending_count > 0 || r->failed || r->pending == NULL) return 0;
     int32_t total = 0;
     for (int32_t call = 0; call < SS_MAX_RECEIVE_CALLS; call++) {

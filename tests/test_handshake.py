@@ -95,7 +95,7 @@ def test_one_round_trip_gives_each_end_the_others_session(counters) -> None:
     publisher, subscriber = endpoint(), endpoint(counters)
     assert subscriber.open(publisher.seal(b"setup"), PUBLISHER) == AWAITING
     [(init, to)] = subscriber.take_handshakes()
-    assert to == PUBLISHER and len(init) == HANDSHAKE_INIT_LENGTH == 80
+    assert to == PUBLISHER and len(init) == HANDSHAKE_INIT_LENGTH == 88
     assert kind(init) == EXT_TYPE_HANDSHAKE_INIT
     assert HANDSHAKE_INIT.unpack_from(init)[8] == 0  # unicast: the peer's sessions, any id
     assert publisher.open(init, SUBSCRIBER) == TAKEN
@@ -124,7 +124,7 @@ def test_the_exchange_is_noise_nnpsk0_as_an_independent_implementation_makes_it(
     initiator.set_psks(psk=KEY)
     initiator.set_prologue(prologue(KEY_ID, exchange_id, 0))
     initiator.start_handshake()
-    message = initiator.write_message(b"")
+    message = initiator.write_message(struct.pack("<Q", int(time.time() * 1000)))  # its clock
     init = header(HANDSHAKE_INIT_LENGTH, EXT_TYPE_HANDSHAKE_INIT, exchange_id) \
         + struct.pack("<Q", 0) + message
     assert publisher.open(init, SUBSCRIBER) == TAKEN
@@ -440,3 +440,96 @@ def test_a_multicast_receiver_flooded_with_forged_ids_still_gets_its_session(cou
     assert publisher.open(init, SUBSCRIBER) == TAKEN
     deliver(publisher, PUBLISHER, receiver)
     assert receiver.open(publisher.seal(b"real"), PUBLISHER) == b"real"
+
+
+def test_forged_datagrams_from_more_sources_than_slots_delay_no_real_session(counters) -> None:
+    """An outsider (no key) sends one sealed datagram from each of 33 sources, more than the
+    32 exchanges an endpoint keeps: each takes a slot, the 33rd evicts the oldest, counted.
+    The real publisher's next datagram still starts an exchange at once (the oldest waiting
+    one gives way), and its session follows."""
+    publisher, subscriber = endpoint(), endpoint(counters)
+    forger = endpoint(key=OTHER_KEY)
+    for port in range(33):
+        assert subscriber.open(forger.seal(b"forged"), sockaddr(("10.0.9.9", 50000 + port))) \
+            == AWAITING
+        assert len(subscriber.take_handshakes()) == 1  # each source asked once
+    assert counters.get(SystemCounter.CRYPTO_HANDSHAKE_LIMITED_DROPS) == 1
+    assert subscriber.open(publisher.seal(b"setup"), PUBLISHER) == AWAITING
+    assert counters.get(SystemCounter.CRYPTO_HANDSHAKE_LIMITED_DROPS) == 2
+    [(init, to)] = subscriber.take_handshakes()
+    assert to == PUBLISHER and kind(init) == EXT_TYPE_HANDSHAKE_INIT
+    assert publisher.open(init, SUBSCRIBER) == TAKEN
+    assert deliver(publisher, PUBLISHER, subscriber) == [TAKEN]
+    assert subscriber.open(publisher.seal(b"data"), PUBLISHER) == b"data"
+
+
+def test_an_idle_endpoint_forgets_its_peers_and_its_own_secrets_on_its_tick() -> None:
+    """With no datagram arriving or sent, the duty cycle's tick still erases a peer's
+    session once its id is past its age, and moves the endpoint off its own id once that is
+    past its lifetime: forward secrecy does not wait for traffic."""
+    publisher, subscriber = endpoint(), endpoint()
+    assert subscriber.open(publisher.seal(b"setup"), PUBLISHER) == AWAITING
+    assert deliver(subscriber, SUBSCRIBER, publisher) == [TAKEN]
+    assert deliver(publisher, PUBLISHER, subscriber) == [TAKEN]
+    own = network.ss_crypto_sender_id(subscriber.c)
+    held = publisher.seal(b"held")  # sealed now, opened after the idle spell
+    max_age = network.SS_CRYPTO_SENDER_ID_MAX_AGE_S
+    network.ss_crypto_set_clock_offset(subscriber.c, max_age - 1)
+    network.ss_crypto_tick(subscriber.c)  # the publisher's ids are still within their age
+    network.ss_crypto_set_clock_offset(subscriber.c, 0)
+    assert subscriber.open(held, PUBLISHER) == b"held"
+    network.ss_crypto_set_clock_offset(subscriber.c, max_age + 2)
+    network.ss_crypto_tick(subscriber.c)  # idle past the age of both its ids: forgotten
+    assert network.ss_crypto_sender_id(subscriber.c) != own  # its own id moved on
+    network.ss_crypto_set_clock_offset(subscriber.c, 0)
+    assert subscriber.open(publisher.seal(b"after"), PUBLISHER) == AWAITING
+
+
+def test_an_endpoint_starts_at_most_64_new_exchanges_a_second(counters) -> None:
+    """Each exchange an endpoint starts costs it an X25519 key before anything is verified:
+    sealed datagrams of new ids from 80 spoofed sources within one second start 64, the rest
+    counted; the next second starts exchanges again."""
+    subscriber, forger = endpoint(counters), endpoint(key=OTHER_KEY)
+    second = int(time.monotonic())
+    while int(time.monotonic()) != second + 1:  # all within one second of the clock
+        time.sleep(0.005)
+    time.sleep(0.02)  # past the second's start on the C side's coarse clock too
+    inits = 0
+    for i in range(80):
+        source = sockaddr((f"10.0.{2 + i // 250}.{1 + i % 250}", 40000))
+        assert subscriber.open(forger.seal(b"forged"), source) == AWAITING
+        inits += len(subscriber.take_handshakes())
+    assert inits == 64
+    # The 48 past the 32 kept exchanges each took the oldest's place; the last 16 were refused.
+    limited = counters.get(SystemCounter.CRYPTO_HANDSHAKE_LIMITED_DROPS)
+    assert limited == 16 + (80 - 32)
+    while int(time.monotonic()) == second + 1:
+        time.sleep(0.01)
+    time.sleep(0.02)
+    assert subscriber.open(forger.seal(b"forged"), sockaddr(("10.0.9.1", 40000))) == AWAITING
+    assert len(subscriber.take_handshakes()) == 1
+
+
+def test_a_recorded_init_is_answered_once_and_a_stale_one_never(counters) -> None:
+    """An INIT carries its initiator's clock, sealed under the key: replayed after its answer
+    is gone (5 s, the clock driven), it is refused, its ephemeral key remembered while its
+    time is within the skew allowed; an INIT older than that skew is refused unanswered."""
+    publisher, subscriber = endpoint(counters), endpoint()
+    assert subscriber.open(publisher.seal(b"setup"), PUBLISHER) == AWAITING
+    [(init, _)] = subscriber.take_handshakes()
+    assert publisher.open(init, SUBSCRIBER) == TAKEN
+    assert len(publisher.take_handshakes()) == 1
+    network.ss_crypto_set_clock_offset(publisher.c, 6)  # its answer forgotten (kept 5 s)
+    assert publisher.open(publisher.seal(b"sweep"), PUBLISHER) == AWAITING  # a sweep runs
+    publisher.take_handshakes()
+    assert publisher.open(init, sockaddr(("10.0.0.9", 40009))) == REFUSED  # replayed
+    assert publisher.take_handshakes() == []
+    assert counters.get(SystemCounter.CRYPTO_HANDSHAKE_UNMATCHED_DROPS) == 1
+    network.ss_crypto_set_clock_offset(publisher.c, 0)
+    late = endpoint()
+    assert late.open(publisher.seal(b"setup"), PUBLISHER) == AWAITING
+    [(stale, _)] = late.take_handshakes()  # never delivered, until the skew has passed
+    network.ss_crypto_set_clock_offset(publisher.c, network.SS_CRYPTO_CLOCK_SKEW_S + 1)
+    assert publisher.open(stale, sockaddr(("10.0.0.8", 40008))) == REFUSED
+    assert publisher.take_handshakes() == []
+    assert counters.get(SystemCounter.CRYPTO_HANDSHAKE_UNMATCHED_DROPS) == 2

@@ -5,8 +5,12 @@ seals, another opens, as two endpoints would."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -169,11 +173,21 @@ def test_a_counter_below_the_window_is_refused_even_unseen() -> None:
     sender, receiver = pair([(1, KEY_A)], [(1, KEY_A)])
     network.ss_crypto_set_counter(sender.c, 10)
     old = sender.seal(b"old")
+    late = sender.seal(b"late")  # counter 11
     network.ss_crypto_set_counter(sender.c, 10 + WINDOW)
     assert receiver.open(sender.seal(b"new")) == b"new"
     assert receiver.open(old) == network.SS_OPEN_REPLAY
-    network.ss_crypto_set_counter(sender.c, 11)  # just within: unseen, so it opens
-    assert receiver.open(sender.seal(b"late")) == b"late"
+    assert receiver.open(late) == b"late"  # just within: unseen, so it opens
+
+
+def test_a_counter_moves_forward_only() -> None:
+    """Counters never repeat under one sender id: setting one below the next is refused."""
+    sender = Sealing("test", None)
+    sender.set_keys([(1, KEY_A)])
+    assert network.ss_crypto_set_counter(sender.c, 100) == 0
+    assert network.ss_crypto_set_counter(sender.c, 99) == -1
+    sealed = sender.seal(b"x")
+    assert int.from_bytes(sealed[SEALED_COUNTER_FIELD:SEALED_COUNTER_FIELD + 8], "little") == 100
 
 
 def test_a_sender_crosses_an_epoch_and_its_datagrams_still_open() -> None:
@@ -347,3 +361,90 @@ def test_key_names_a_key_and_is_refused_where_nothing_would_use_it() -> None:
         assert raised.value.part == key
     assert SEALED_MTU_MAX + SEALED_OVERHEAD <= 65504
     assert parse_channel(f"aeron:udp?endpoint=h:1|key=k|mtu={SEALED_MTU_MAX}").mtu == SEALED_MTU_MAX
+
+
+#: A getrandom(2) that fails while `ss_test_no_randomness` is set, preloaded into a driver
+#: process of its own (the kernel's call, failing as it does without entropy or under seccomp).
+NO_RANDOMNESS = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stddef.h>
+#include <sys/types.h>
+int ss_test_no_randomness = 0;
+ssize_t getrandom(void *buffer, size_t length, unsigned int flags) {
+    static ssize_t (*real)(void *, size_t, unsigned int);
+    if (ss_test_no_randomness) { errno = EIO; return -1; }
+    if (real == NULL)
+        real = (ssize_t (*)(void *, size_t, unsigned int))dlsym(RTLD_NEXT, "getrandom");
+    return real(buffer, length, flags);
+}
+"""
+
+ROTATE_WITHOUT_RANDOMNESS = """
+import ctypes, json, os, sys
+from slipstream.client.counters import CountersFile, SystemCounter
+from slipstream.client.layout import SEALED_COUNTER_FIELD, SEALED_SENDER_ID_FIELD
+from slipstream.daemon._network import lib as network
+from slipstream.daemon.media.sealing import Sealing
+
+no_randomness = ctypes.c_int.in_dll(ctypes.CDLL(os.environ["LD_PRELOAD"]), "ss_test_no_randomness")
+def header(sealed):
+    return (int.from_bytes(sealed[SEALED_SENDER_ID_FIELD:SEALED_SENDER_ID_FIELD + 8], "little"),
+            int.from_bytes(sealed[SEALED_COUNTER_FIELD:SEALED_COUNTER_FIELD + 8], "little"))
+counters = CountersFile.create(sys.argv[1], 512)
+sender = Sealing("test", counters)
+sender.set_keys([(1, bytes(range(32)))])
+network.ss_crypto_set_counter(sender.c, 1000)
+before = header(sender.seal(b"x"))
+# Past its lifetime and its next id's: a new id must be drawn, and no randomness comes.
+network.ss_crypto_set_clock_offset(sender.c, 3 * network.SS_CRYPTO_SENDER_ID_LIFETIME_S)
+no_randomness.value = 1
+during = [header(sender.seal(b"x")) for _ in range(3)]
+no_randomness.value = 0
+after = header(sender.seal(b"x"))
+print(json.dumps([before, during, after, counters.get(SystemCounter.CRYPTO_SEAL_REFUSED)]))
+"""
+
+
+def test_a_sender_without_randomness_keeps_its_id_and_counter_never_reuses_a_nonce(
+        tmp_path: Path) -> None:
+    """A new sender id is due and getrandom fails: the id in use goes on with its counter
+    (the same id from 0 again would repeat its nonces under its key), each such seal counted,
+    and the next seal with randomness back draws a new id from 0."""
+    compiler = shutil.which("cc")
+    assert compiler is not None, "a C compiler (make install builds with one)"
+    (tmp_path / "no_randomness.c").write_text(NO_RANDOMNESS)
+    shim = tmp_path / "no_randomness.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", shim, tmp_path / "no_randomness.c",
+                    "-ldl"], check=True)
+    run = subprocess.run([sys.executable, "-c", ROTATE_WITHOUT_RANDOMNESS,
+                          str(tmp_path / "counters.dat")], check=True,
+                         capture_output=True, text=True,
+                         env={**os.environ, "LD_PRELOAD": str(shim)})
+    before, during, after, refused = json.loads(run.stdout)
+    assert refused == 3  # each seal with no new id drawn
+    assert before[1] == 1000
+    assert during == [[before[0], 1001], [before[0], 1002], [before[0], 1003]]
+    assert after[0] != before[0] and after[1] == 0
+
+
+def test_rotated_keys_reach_the_sealing_and_the_receiving_side_whichever_goes_first() -> None:
+    """Each side of an endpoint (the thread that seals, the one that opens and makes INITs)
+    takes over its own copy of keys set since: the receiving side's first use leaves the
+    sealing side's new key id to it, and the other way round."""
+    for opens_first in (True, False):
+        endpoint, peer = Sealing("test", None), Sealing("test", None)
+        endpoint.set_keys([(1, KEY_A)])
+        peer.set_keys([(2, KEY_B), (1, KEY_A)])
+        endpoint.seal(b"")  # both sides in use under key 1
+        endpoint.set_keys([(2, KEY_B), (1, KEY_A)])
+        if opens_first:  # the receiving side: an INIT of the new key for the peer's datagram
+            assert endpoint.open(peer.seal(b""), HOST_A) == network.SS_OPEN_AWAITING_HANDSHAKE
+        sealed = endpoint.seal(b"")
+        assert SEALED_HEADER.unpack_from(sealed)[2] == 2  # the key id byte: the new sealing key
+        if not opens_first:
+            assert endpoint.open(peer.seal(b""), HOST_A) == network.SS_OPEN_AWAITING_HANDSHAKE
+        [(init, _)] = endpoint.take_handshakes()
+        assert init[5] == 2  # the INIT under the new sealing key
+        assert peer.open(init, HOST_B) == network.SS_OPEN_HANDSHAKE
