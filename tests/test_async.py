@@ -407,7 +407,8 @@ async def test_cancelled_waits_leave_no_thread_fd_or_waiter_behind(
                                  lambda: pub._log.meta_i32(META_PUBLISHER_WAITERS))
     after_threads, after_fds = _parked_threads_and_fds()
     assert after_threads <= threads + 1, f"{after_threads - threads} threads more"
-    assert after_fds == fds, f"{after_fds - fds} file descriptors more"
+    # Fewer is fine: a log released before the loop may be unmapped (its fd closed) meanwhile.
+    assert after_fds <= fds, f"{after_fds - fds} file descriptors more"
     del sub
 
 
