@@ -352,7 +352,7 @@ def test_the_subscriber_position_never_passes_what_the_recording_made_durable(
     deadlock."""
     settings = ArchiveSettings(
         dir=tmp_path / "archive", driver_dir=Path(driver.directory), segment_length=SEGMENT,
-        sync=SyncPolicy(sync), sync_interval_ns=50_000_000, block_length=4096,
+        sync=SyncPolicy(sync), sync_interval=50_000_000, block_length=4096,
         records=(RecordSpec("aeron:ipc", 50),))
     counters = CountersFile(Path(driver.directory) / COUNTERS_FILE, writable=False)
     service = ArchiveService(settings)
