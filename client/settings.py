@@ -302,8 +302,12 @@ def _validate(_instance: Any, field: attrs.Attribute, value: Any) -> None:
     field.metadata[_META].validate(field.name, value)
 
 
-def setting(kind: Kind, default: Any, doc: str, **row: Any) -> Any:
-    """One row of a table: an attrs field whose metadata holds the :class:`Setting`."""
+def setting(kind: Kind, default: Any, doc: str, *, within: tuple[int, int] | None = None,
+            **row: Any) -> Any:
+    """One row of a table: an attrs field whose metadata holds the :class:`Setting`.
+    ``within`` is ``(low, high)`` in one, as the channel grammar's ranges are defined."""
+    if within is not None:
+        row["low"], row["high"] = within
     spec = Setting(kind, default, doc, **row)
     return attrs.field(
         default=default,
@@ -320,7 +324,9 @@ def size(default: int, doc: str, **row: Any) -> Any:
 
 def duration(default: int, doc: str, low: int = 0, high: int = 3600 * 10**9, **row: Any) -> Any:
     """A duration in nanoseconds (by default at most an hour)."""
-    return setting(Kind.DURATION, default, doc, low=low, high=high, **row)
+    if "within" not in row:
+        row["low"], row["high"] = low, high
+    return setting(Kind.DURATION, default, doc, **row)
 
 
 def integer(default: int | None, doc: str, **row: Any) -> Any:

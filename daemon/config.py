@@ -254,13 +254,13 @@ class DriverSettings:
         0,
         "How far offer() may run ahead of the sender position, bytes; 0 = term_length/2, "
         "which is also the cap (a term must stay clean for the writer).",
-        low=PUBLICATION_WINDOW_RANGE[0], high=PUBLICATION_WINDOW_RANGE[1],
+        within=PUBLICATION_WINDOW_RANGE,
     )
     ipc_publication_term_window_length: int = _size(
         0,
         "How far an IPC offer() may run ahead of the slowest subscriber, bytes; 0 = "
         "term_length/2, also the cap.",
-        low=PUBLICATION_WINDOW_RANGE[0], high=PUBLICATION_WINDOW_RANGE[1],
+        within=PUBLICATION_WINDOW_RANGE,
     )
     # ---------------------------------------------------------------- receiver
     image_term_buffer_length_max: int = _size(
@@ -307,7 +307,7 @@ class DriverSettings:
         "Receiver window advertised in status messages, bytes; 128 KiB covers the "
         "bandwidth x RTT product of 10 Gbit/s x 100 us or 1 Gbit/s x 1 ms. Capped at "
         "term_length/2; must be >= mtu_length.",
-        low=RECEIVER_WINDOW_RANGE[0], high=RECEIVER_WINDOW_RANGE[1],
+        within=RECEIVER_WINDOW_RANGE,
     )
     cubic_initial_rtt: int = _duration(
         100 * _US,
@@ -348,7 +348,7 @@ class DriverSettings:
         100 * _US,
         "Delay before a unicast receiver NAKs a gap, ns; short because one receiver cannot "
         "cause a NAK storm, yet long enough to absorb brief reordering.",
-        low=NAK_DELAY_RANGE_NS[0], high=NAK_DELAY_RANGE_NS[1],
+        within=NAK_DELAY_RANGE_NS,
     )
     nak_unicast_retry_delay_ratio: int = _int(
         100,
@@ -373,11 +373,11 @@ class DriverSettings:
         128 * _KiB,
         "SO_RCVBUF of UDP sockets, bytes; 0 = OS default. Must hold a full receiver window, "
         "hence the same 128 KiB default as rcv_initial_window_length.",
-        low=SOCKET_BUFFER_RANGE[0], high=SOCKET_BUFFER_RANGE[1],
+        within=SOCKET_BUFFER_RANGE,
     )
     socket_so_sndbuf: int = _size(
         0, "SO_SNDBUF of UDP sockets, bytes; 0 = OS default.",
-        low=SOCKET_BUFFER_RANGE[0], high=SOCKET_BUFFER_RANGE[1],
+        within=SOCKET_BUFFER_RANGE,
     )
     socket_gso: bool = _bool(
         True,
@@ -521,7 +521,7 @@ class DriverSettings:
         "A closed network publication lingers this long to serve retransmits, ns (unicast "
         "ends early on the receiver's EOS status message).  An IPC log has no linger: it "
         "goes once every subscriber has read it.",
-        low=TIMEOUT_RANGE_NS[0], high=TIMEOUT_RANGE_NS[1],
+        within=TIMEOUT_RANGE_NS,
     )
     publication_unblock_timeout: int = _duration(
         15 * _S,
@@ -570,7 +570,7 @@ class DriverSettings:
     )
     flow_control_receiver_timeout: int = _duration(
         5 * _S, "min/tagged flow control forgets a receiver silent this long, ns.",
-        low=RECEIVER_TIMEOUT_RANGE_NS[0], high=RECEIVER_TIMEOUT_RANGE_NS[1],
+        within=RECEIVER_TIMEOUT_RANGE_NS,
     )
     flow_control_group_tag: int = _int(
         -1, "Receiver group tag that tagged flow control waits for (a channel's fc=tagged,g:TAG "
@@ -613,7 +613,7 @@ class DriverSettings:
         "long is left behind: its image goes, with the range it skips (drop-oldest: "
         "docs/BACKPRESSURE.md), ns. A channel's "
         "untethered-window-limit-timeout= overrides it (Aeron's default).",
-        low=TIMEOUT_RANGE_NS[0], high=TIMEOUT_RANGE_NS[1],
+        within=TIMEOUT_RANGE_NS,
     )
     untethered_resting_timeout: int = _duration(
         10 * _S,
@@ -621,7 +621,7 @@ class DriverSettings:
         "(at the newest position; a UDP image's, where its slowest subscriber is), ns; 0 "
         "rejoins at once. A channel's "
         "untethered-resting-timeout= overrides it (Aeron's default).",
-        low=TIMEOUT_RANGE_NS[0], high=TIMEOUT_RANGE_NS[1],
+        within=TIMEOUT_RANGE_NS,
     )
     # ---------------------------------------------------------------- session ids
     publication_reserved_session_id_low: int = _int(
