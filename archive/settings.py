@@ -461,8 +461,8 @@ class ArchiveSettings:
         high=_YEARS_10, section="Held streams",
     )
 
-    records: tuple[RecordSpec, ...] = attrs.field(default=(), converter=tuple)
-    holds: tuple[HoldSpec, ...] = attrs.field(default=(), converter=tuple)
+    records: tuple[RecordSpec, ...] = ()
+    holds: tuple[HoldSpec, ...] = ()
     sources: Mapping[str, str] = sources_field()
 
     def __attrs_post_init__(self) -> None:
@@ -510,13 +510,14 @@ class ArchiveSettings:
                      sources: Mapping[str, str] | None = None) -> ArchiveSettings:
         """Settings from a TOML document's table (``record`` and ``hold`` the arrays of
         tables); raises :class:`ArchiveSettingsError` naming an unknown key or a bad
-        value."""
+        value.  Without ``sources`` every key given counts as the file's."""
         with _named_archive_errors():
             for key in values:
                 TABLE.require_known(key)
             flat = {key: value for key, value in values.items() if key not in _TABLES}
             return cls(**flat, records=_records(values.get("record", [])),
-                       holds=_holds(values.get("hold", [])), sources=sources or {})
+                       holds=_holds(values.get("hold", [])),
+                       sources=dict.fromkeys(flat, "file") if sources is None else sources)
 
     @property
     def subnets(self) -> tuple[Subnet, ...]:

@@ -544,7 +544,7 @@ class SettingsTable(Generic[T]):
 
     def sections(self) -> Iterator[tuple[str, list[str]]]:
         """(title, keys) of each section, in the table's order."""
-        title, keys = "", []
+        title, keys = "", list[str]()
         for name, spec in self.settings.items():
             if spec.section is not None:
                 if keys:
