@@ -55,21 +55,21 @@ from slipstream.client.settings import (
     Kind,
     Setting,
     SettingsTable,
+    boolean,
     checked_by,
+    choice,
+    duration,
+    integer,
+    size,
     sources_field,
+    text,
 )
-from slipstream.client.settings import boolean as _bool
-from slipstream.client.settings import choice as _choice
-from slipstream.client.settings import duration as _duration
-from slipstream.client.settings import integer as _int
-from slipstream.client.settings import size as _size
-from slipstream.client.settings import text as _text
 
-__all__ = ["ENV_PREFIX", "SETTINGS", "SOURCES", "DriverSettings", "Kind", "Setting",
-           "add_arguments", "check_setting", "default_directory", "format_settings",
-           "load_settings", "load_settings_from_args", "overrides_from_args",
-           "parse_host_port", "render_default_config", "settings_to_dict",
-           "shipped_config_text"]
+__all__ = ["ENV_PREFIX", "RECEIVE_BUFFER_RULE", "SEND_BUFFER_RULE", "SETTINGS", "SOURCES",
+           "TABLE", "DriverSettings", "Kind", "Setting", "add_arguments", "check_setting",
+           "default_directory", "format_settings", "load_settings", "load_settings_from_args",
+           "overrides_from_args", "parse_host_port", "render_default_config",
+           "settings_to_dict", "shipped_config_text"]
 
 ENV_PREFIX = "SLIPSTREAM_"
 
@@ -138,7 +138,7 @@ class DriverSettings:
     """
 
     # ---------------------------------------------------------------- driver process
-    dir: str | None = _text(
+    dir: str | None = text(
         None,
         "Driver directory (log buffers, counters, control socket); unset means "
         "default_directory(), /dev/shm/slipstream-<user>.",
@@ -146,7 +146,7 @@ class DriverSettings:
         accepted_text='a directory path, or "" for /dev/shm/slipstream-<user>',
         section="Driver process",
     )
-    client_group: str = _text(
+    client_group: str = text(
         "",
         "The group whose members may use the driver besides its own user (a name, or a "
         "number): its directory, logs, counters and sockets are made for that group, and its "
@@ -156,17 +156,17 @@ class DriverSettings:
         check=_check_group, accepted_text='a group name or number, or "" for the driver\'s '
                                           'own user only',
     )
-    log_level: str = _choice(
+    log_level: str = choice(
         "info", ("debug", "info", "warning", "error"), "Driver log verbosity (slipstream)."
     )
-    metrics_address: str = _text(
+    metrics_address: str = text(
         "",
         'Serve the counters to Prometheus at http://host:port/metrics (port 0 = any free port; '
         'use 127.0.0.1 unless other hosts must scrape); "" = off. `slipstream metrics` serves '
         "them from a process of its own instead (slipstream).",
         check=_check_host_port, accepted_text='"" (off) or host:port',
     )
-    counters_capacity: int = _int(
+    counters_capacity: int = integer(
         100_000,
         "Counter slots in the counters file (count); each stream uses a few (positions, limits: "
         "an IPC publication and its subscription take 8), so 100000 serves 10,000 such pairs, "
@@ -175,13 +175,13 @@ class DriverSettings:
         "first used (slipstream).",
         low=256, high=1_000_000,
     )
-    threading_mode: str = _choice(
+    threading_mode: str = choice(
         "shared_network", ("shared_network", "dedicated"),
         "Threads of the network agents: shared_network = one thread runs the sender and the "
         "receiver (best on small machines), dedicated = one thread each, for hosts with cores "
         "to spare. The conductor always runs apart.",
     )
-    network_idle_spin: int = _duration(
+    network_idle_spin: int = duration(
         200 * _US,
         "How long a network thread keeps polling (yielding the CPU between duty cycles) after "
         "its last work before it parks on its sockets, ns: traffic that resumes within this "
@@ -190,19 +190,19 @@ class DriverSettings:
         high=_S,
     )
     # ---------------------------------------------------------------- log buffers and MTU
-    term_buffer_length: int = _size(
+    term_buffer_length: int = size(
         16 * _MiB,
         "Term length of network publications, bytes (a log is 3 terms); the longest message "
         "is term/8, at most 16 MiB.",
         low=64 * _KiB, high=_GiB, power_of_two=True, section="Log buffers and MTU",
     )
-    ipc_term_buffer_length: int = _size(
+    ipc_term_buffer_length: int = size(
         64 * _MiB,
         "Term length of IPC publications, bytes; larger than the network default because "
         "shared memory runs far faster than a network path.",
         low=64 * _KiB, high=_GiB, power_of_two=True,
     )
-    term_buffer_sparse_file: bool = _bool(
+    term_buffer_sparse_file: bool = boolean(
         False,
         "false = a log's pages are allocated when it is created and every process maps them in "
         "place (MAP_POPULATE): it takes the log's whole memory at once and ~0.5 ms per MiB to "
@@ -212,14 +212,14 @@ class DriverSettings:
         "a page that a full filesystem cannot give kills the writer with SIGBUS).  The URI's "
         "sparse= overrides it.",
     )
-    mtu_length: int = _size(
+    mtu_length: int = size(
         1408,
         "Largest datagram a network publication sends, bytes incl. the 32-byte DATA header; "
         "1408 fits a 1500-byte Ethernet frame with room for IP, UDP and tunnel headers, so no "
         "IP fragmentation. Must exceed the header (Aeron: > 32, so >= 64).",
         low=2 * HEADER_LENGTH, high=MAX_UDP_PAYLOAD_LENGTH, multiple_of=FRAME_ALIGNMENT,
     )
-    log_buffer_memory_limit: int = _size(
+    log_buffer_memory_limit: int = size(
         4 * _GiB,
         "The most memory all of the driver's logs (publications and images) may take "
         "together, bytes; past it a new stream or image is refused with a message naming "
@@ -228,7 +228,7 @@ class DriverSettings:
         "driver allocate (slipstream).",
         low=64 * _KiB, high=1 << 50,
     )
-    log_reuse_bytes: int = _size(
+    log_reuse_bytes: int = size(
         512 * _MiB,
         "The most memory the logs this driver released may hold while it keeps their files "
         "for new logs of the same length, bytes, beyond log_buffer_memory_limit: a new "
@@ -238,32 +238,32 @@ class DriverSettings:
         "64 MB, up to 384 MiB for a dense log of 128 MiB terms. 0 keeps none (slipstream).",
         low=0, high=1 << 50,
     )
-    log_reuse_timeout: int = _duration(
+    log_reuse_timeout: int = duration(
         10 * _S,
         "How long a released log's file is kept for reuse untaken before it is deleted, ns: an "
         "idle driver gives that memory back (slipstream).",
         low=_MS,
     )
-    ipc_mtu_length: int = _size(
+    ipc_mtu_length: int = size(
         1408,
         "Fragment size of IPC publications, bytes incl. the 32-byte header; same rules as "
         "mtu_length.",
         low=2 * HEADER_LENGTH, high=MAX_UDP_PAYLOAD_LENGTH, multiple_of=FRAME_ALIGNMENT,
     )
-    publication_term_window_length: int = _size(
+    publication_term_window_length: int = size(
         0,
         "How far offer() may run ahead of the sender position, bytes; 0 = term_length/2, "
         "which is also the cap (a term must stay clean for the writer).",
         within=PUBLICATION_WINDOW_RANGE,
     )
-    ipc_publication_term_window_length: int = _size(
+    ipc_publication_term_window_length: int = size(
         0,
         "How far an IPC offer() may run ahead of the slowest subscriber, bytes; 0 = "
         "term_length/2, also the cap.",
         within=PUBLICATION_WINDOW_RANGE,
     )
     # ---------------------------------------------------------------- receiver
-    image_term_buffer_length_max: int = _size(
+    image_term_buffer_length_max: int = size(
         16 * _MiB,
         "The longest term a receiver accepts in a SETUP, bytes, unless the subscription's "
         "max-term-length= says otherwise: an image's log is three such terms, made when a "
@@ -274,7 +274,7 @@ class DriverSettings:
         "(slipstream).",
         low=64 * _KiB, high=_GiB, power_of_two=True, section="Receiver",
     )
-    image_source_max_images: int = _int(
+    image_source_max_images: int = integer(
         256,
         "The most images one source address (an IP, any port) may have on this driver at "
         "once, those whose logs are being made included: a SETUP past it makes no image "
@@ -284,7 +284,7 @@ class DriverSettings:
         "(slipstream).",
         low=1, high=1 << 20,
     )
-    image_source_memory_limit: int = _size(
+    image_source_memory_limit: int = size(
         2 * _GiB,
         "The most log memory the images of one source address (an IP) may take together, "
         "bytes, those being made included: a SETUP whose log would go past it makes no image "
@@ -293,7 +293,7 @@ class DriverSettings:
         "log memory (slipstream).",
         low=64 * _KiB, high=1 << 50,
     )
-    image_pending_max: int = _int(
+    image_pending_max: int = integer(
         16,
         "The most images whose logs are queued or being made at once (off the conductor's "
         "thread, by one worker), and one source address half of them: a SETUP past either "
@@ -302,27 +302,27 @@ class DriverSettings:
         "take all the room. A log of default terms is made in tens of ms (slipstream).",
         low=1, high=65536,
     )
-    rcv_initial_window_length: int = _size(
+    rcv_initial_window_length: int = size(
         128 * _KiB,
         "Receiver window advertised in status messages, bytes; 128 KiB covers the "
         "bandwidth x RTT product of 10 Gbit/s x 100 us or 1 Gbit/s x 1 ms. Capped at "
         "term_length/2; must be >= mtu_length.",
         within=RECEIVER_WINDOW_RANGE,
     )
-    cubic_initial_rtt: int = _duration(
+    cubic_initial_rtt: int = duration(
         100 * _US,
         "CUBIC congestion control (cc=cubic): the round trip assumed until one is measured, "
         "ns; also the interval between window updates (Aeron's "
         "AERON_CUBICCONGESTIONCONTROL_INITIALRTT).",
         low=1, high=_S,
     )
-    cubic_measure_rtt: bool = _bool(
+    cubic_measure_rtt: bool = boolean(
         True,
         "CUBIC: measure the round trip with RTTM frames, one each 4 x the last round trip "
         "(AERON_CUBICCONGESTIONCONTROL_MEASURERTT; Aeron's default is false: TCP mode needs "
         "the round trip).",
     )
-    cubic_tcp_mode: bool = _bool(
+    cubic_tcp_mode: bool = boolean(
         True,
         "CUBIC: grow the window at least as fast as TCP Reno would, wherever Reno is ahead "
         "(RFC 8312 4.2; AERON_CUBICCONGESTIONCONTROL_TCPMODE, which applies it only below "
@@ -330,13 +330,13 @@ class DriverSettings:
         "stream cut to a few datagrams took over 30 s to win back its share of a link from "
         "another: docs/FLOW.md).",
     )
-    status_message_timeout: int = _duration(
+    status_message_timeout: int = duration(
         200 * _MS,
         "Longest gap between status messages from a receiver when nothing forces one, ns; "
         "keeps sender credit and liveness fresh.",
         low=1,
     )
-    status_message_catch_up_interval: int = _duration(
+    status_message_catch_up_interval: int = duration(
         1 * _MS,
         "slipstream: shortest gap before a status message a tagged image (gtag=) sends because "
         "its subscribers consumed all it received, ns; a publisher waiting for a message to be "
@@ -344,13 +344,13 @@ class DriverSettings:
         "keeps up with a steady stream costs its sender at most one such message each.",
         low=1, high=_S,
     )
-    nak_unicast_delay: int = _duration(
+    nak_unicast_delay: int = duration(
         100 * _US,
         "Delay before a unicast receiver NAKs a gap, ns; short because one receiver cannot "
         "cause a NAK storm, yet long enough to absorb brief reordering.",
         within=NAK_DELAY_RANGE_NS,
     )
-    nak_unicast_retry_delay_ratio: int = _int(
+    nak_unicast_retry_delay_ratio: int = integer(
         100,
         "Longest delay before re-sending an unanswered unicast NAK, as a multiple of "
         "nak_unicast_delay (100 x 100 us = 10 ms, Aeron's fixed retry); once the receiver has "
@@ -358,46 +358,46 @@ class DriverSettings:
         "[nak_unicast_delay, this].",
         low=1, high=1_000_000,
     )
-    nak_multicast_max_backoff: int = _duration(
+    nak_multicast_max_backoff: int = duration(
         10 * _MS,
         "Upper bound of the random delay before a multicast receiver NAKs, ns; randomising lets "
         "one NAK suppress the others (no NAK implosion).",
         high=_S,
     )
-    nak_multicast_group_size: int = _int(
+    nak_multicast_group_size: int = integer(
         10,
         "Expected number of multicast receivers (count), shaping the NAK backoff distribution.",
         low=1, high=1_000_000,
     )
-    socket_so_rcvbuf: int = _size(
+    socket_so_rcvbuf: int = size(
         128 * _KiB,
         "SO_RCVBUF of UDP sockets, bytes; 0 = OS default. Must hold a full receiver window, "
         "hence the same 128 KiB default as rcv_initial_window_length.",
         within=SOCKET_BUFFER_RANGE,
     )
-    socket_so_sndbuf: int = _size(
+    socket_so_sndbuf: int = size(
         0, "SO_SNDBUF of UDP sockets, bytes; 0 = OS default.",
         within=SOCKET_BUFFER_RANGE,
     )
-    socket_gso: bool = _bool(
+    socket_gso: bool = boolean(
         True,
         "slipstream: send runs of equal datagrams as one UDP GSO send (UDP_SEGMENT), which the "
         "kernel cuts into the same datagrams: one pass through the stack for up to 64 "
         "datagrams. A path that refuses it is sent to datagram by datagram.",
     )
-    socket_multicast_ttl: int = _int(
+    socket_multicast_ttl: int = integer(
         0, "IP multicast TTL (hops); 0 = OS default (1: the local subnet).", low=0, high=255
     )
-    receiver_group_tag: int | None = _int(
+    receiver_group_tag: int | None = integer(
         None,
         "Group tag sent in this driver's status messages for tagged flow control; unset = none.",
         low=INT64_MIN, high=INT64_MAX, optional=True,
     )
-    reliable_stream: bool = _bool(
+    reliable_stream: bool = boolean(
         True, "Receivers NAK gaps so loss is repaired; false = gaps are skipped (unreliable)."
     )
     # ---------------------------------------------------------------- sender
-    send_to_status_poll_ratio: int = _int(
+    send_to_status_poll_ratio: int = integer(
         6,
         "While the sender is busy, it reads status messages and NAKs once every this many "
         "duty cycles of Aeron's, which send 2 datagrams each: after 2 x this many datagrams "
@@ -405,17 +405,17 @@ class DriverSettings:
         "nothing, or woke from a park, reads at once.",
         low=1, high=1000, section="Sender",
     )
-    network_publication_max_messages_per_send: int = _int(
+    network_publication_max_messages_per_send: int = integer(
         64,
         "Datagrams one publication sends per duty cycle, in one sendmmsg (count). Aeron's C "
         "driver sends 2 per cycle of ~100 ns; a cycle here costs microseconds of Python, so "
         "it sends more per cycle.",
         low=1, high=256,
     )
-    retransmit_unicast_delay: int = _duration(
+    retransmit_unicast_delay: int = duration(
         0, "Delay before answering a unicast NAK with a retransmit, ns; 0 = at once.", high=_S
     )
-    retransmit_unicast_linger: int = _duration(
+    retransmit_unicast_linger: int = duration(
         200 * _US,
         "After a retransmit, repeat NAKs for the same range are ignored this long, ns; the "
         "resent data is still in flight.  Short (Aeron's is 10 ms): a unicast receiver's own "
@@ -424,10 +424,10 @@ class DriverSettings:
         "lingers at least nak_multicast_max_backoff (the spread of its receivers' NAKs).",
         high=_S,
     )
-    max_resend: int = _int(
+    max_resend: int = integer(
         16, "Concurrent retransmit actions per publication (count).", low=1, high=256
     )
-    mdc_join: str = _text(
+    mdc_join: str = text(
         "",
         "The subnets a dynamic multi-destination-cast publication (control-mode=dynamic) hears "
         "status messages from, comma-separated (10.1.0.0/16,fd00::/8), for a channel without "
@@ -436,14 +436,14 @@ class DriverSettings:
         check=checked_by(parse_join),
         accepted_text='"" (any) or subnets ADDRESS/PREFIX separated by commas',
     )
-    mdc_candidates_max: int = _int(
+    mdc_candidates_max: int = integer(
         64,
         "Sources a dynamic multi-destination-cast endpoint validates at once (count): a "
         "status message from a new source while this many wait is dropped and counted (mdc "
         "candidates refused), so forged source addresses cannot grow its state (slipstream).",
         low=1, high=65536,
     )
-    mdc_validation_timeout: int = _duration(
+    mdc_validation_timeout: int = duration(
         3 * _S,
         "A source of status messages at a dynamic multi-destination-cast endpoint that has not "
         "proved within this that it receives what is sent to its address (its receiver asks "
@@ -453,7 +453,7 @@ class DriverSettings:
         "second, so 3 s is three tries (slipstream).",
         low=_MS, high=_HOUR,
     )
-    retransmit_budget_percent: int = _int(
+    retransmit_budget_percent: int = integer(
         100,
         "slipstream: what NAKs may make a publication resend, as a percentage of the new data "
         "it sends (credit earned per byte sent), plus one term window per "
@@ -463,24 +463,24 @@ class DriverSettings:
         "= no budget (Aeron's: only max_resend and the resend window bound it).",
         low=0, high=10_000,
     )
-    retransmit_budget_interval: int = _duration(
+    retransmit_budget_interval: int = duration(
         1 * _S,
         "The retransmit budget grows by one term window per this, whatever is sent (a stream "
         "that stopped still repairs its tail), ns.",
         low=_MS, high=_HOUR,
     )
-    debug_receive_data_loss: int = _int(
+    debug_receive_data_loss: int = integer(
         0,
         "A test hook (as Aeron's debug receive channel endpoint): DATA datagrams arriving on "
         "this driver's sockets are dropped at random, this many per million (0 = none); "
         "counted as debug data loss drops.",
         low=0, high=1_000_000,
     )
-    debug_receive_data_loss_seed: int = _int(
+    debug_receive_data_loss_seed: int = integer(
         1, "Seed of the generator that chooses which datagrams debug_receive_data_loss drops.",
         low=1, high=INT64_MAX,
     )
-    debug_conductor_gil_hold: int = _duration(
+    debug_conductor_gil_hold: int = duration(
         0,
         "A test hook: every 100 ms the conductor's thread makes a C call that keeps the GIL "
         "for this long, ns (0 = never), as a conductor busy in a long call would; the data "
@@ -488,56 +488,56 @@ class DriverSettings:
         high=100 * _MS,
     )
     # ---------------------------------------------------------------- timers and liveness
-    timer_interval: int = _duration(
+    timer_interval: int = duration(
         _S, "Period of the conductor's timeout checks, ns.", low=_MS,
         section="Timers and liveness",
     )
-    client_liveness_timeout: int = _duration(
+    client_liveness_timeout: int = duration(
         10 * _S,
         "A client with no keepalive for this long is closed and its resources freed, ns; must "
         "exceed timer_interval.",
         low=_MS,
     )
-    client_keepalive_interval: int = _duration(
+    client_keepalive_interval: int = duration(
         500 * _MS,
         "Interval of client keepalives, ns; well below client_liveness_timeout so a few late "
         "ones do not close a live client (slipstream).",
         low=_MS,
     )
-    driver_timeout: int = _duration(
+    driver_timeout: int = duration(
         10 * _S, "A client that hears nothing from the driver this long deems it dead, ns (an "
         "idle driver beats at least four times within it).",
         low=_MS,
     )
-    drain_timeout: int = _duration(
+    drain_timeout: int = duration(
         10 * _S,
         "On SIGTERM the driver stops granting credit, sends what the logs hold and waits this "
         "long for subscribers and receivers to take it, then sends end-of-stream and exits, "
         "ns; 0 stops at once.  Keep it under systemd's TimeoutStopSec (slipstream).",
         high=10 * 60 * _S,
     )
-    publication_linger_timeout: int = _duration(
+    publication_linger_timeout: int = duration(
         5 * _S,
         "A closed network publication lingers this long to serve retransmits, ns (unicast "
         "ends early on the receiver's EOS status message).  An IPC log has no linger: it "
         "goes once every subscriber has read it.",
         within=TIMEOUT_RANGE_NS,
     )
-    publication_unblock_timeout: int = _duration(
+    publication_unblock_timeout: int = duration(
         15 * _S,
         "A publication blocked this long by a claim its (dead) client never committed is "
         "unblocked by padding, ns; must exceed client_liveness_timeout.",
         low=_MS,
     )
-    publication_connection_timeout: int = _duration(
+    publication_connection_timeout: int = duration(
         5 * _S,
         "A publication counts as connected while a status message arrived within this, ns.",
         low=_MS,
     )
-    image_liveness_timeout: int = _duration(
+    image_liveness_timeout: int = duration(
         10 * _S, "An image with no packets this long drains and closes, ns.", low=_MS
     )
-    receiver_rebind_timeout: int = _duration(
+    receiver_rebind_timeout: int = duration(
         1 * _S,
         "slipstream: a publication binds each receiver id to the host of its first status "
         "message; while the receiver is live, status messages naming it from another host "
@@ -547,7 +547,7 @@ class DriverSettings:
         "that keeps sending keeps its binding.",
         low=_MS, high=_HOUR,
     )
-    name_re_resolution_interval: int = _duration(
+    name_re_resolution_interval: int = duration(
         _S,
         "How often the conductor looks for host names in channels whose peers went silent "
         "(a unicast publication's endpoint= none of its endpoint's publications is connected "
@@ -558,32 +558,32 @@ class DriverSettings:
         high=_HOUR,
     )
     # ---------------------------------------------------------------- flow control
-    unicast_flow_control: str = _choice(
+    unicast_flow_control: str = choice(
         "unicast", FLOW_CONTROLS,
         "Flow control of unicast publications without fc= in the channel URI.",
         section="Flow control",
     )
-    multicast_flow_control: str = _choice(
+    multicast_flow_control: str = choice(
         "max", tuple(name for name in FLOW_CONTROLS if name != "unicast"),
         "Flow control of multicast publications without fc=: max = the fastest receiver sets "
         "the pace, min = the slowest, tagged = the slowest of a tagged group.",
     )
-    flow_control_receiver_timeout: int = _duration(
+    flow_control_receiver_timeout: int = duration(
         5 * _S, "min/tagged flow control forgets a receiver silent this long, ns.",
         within=RECEIVER_TIMEOUT_RANGE_NS,
     )
-    flow_control_group_tag: int = _int(
+    flow_control_group_tag: int = integer(
         -1, "Receiver group tag that tagged flow control waits for (a channel's fc=tagged,g:TAG "
             "overrides it). -1 is Aeron's default and a tag like any other: receivers that send "
             "gtag=-1 belong to the group.",
         low=INT64_MIN, high=INT64_MAX,
     )
-    flow_control_group_min_size: int = _int(
+    flow_control_group_min_size: int = integer(
         0,
         "Receivers a min/tagged publication needs before it counts as connected (count).",
         low=0, high=INT32_MAX,
     )
-    flow_control_admission_interval: int = _duration(
+    flow_control_admission_interval: int = duration(
         100 * _MS,
         "slipstream: a new receiver holds a min/tagged publication back only once it was "
         "heard consistently: three status messages over at least this, each within its "
@@ -593,20 +593,20 @@ class DriverSettings:
         low=0, high=_HOUR,
     )
     # ---------------------------------------------------------------- back pressure
-    backpressure_high_watermark: int = _int(
+    backpressure_high_watermark: int = integer(
         100,
         "A publication's back-pressure episode starts when the part of its window in use "
         "reaches this percent, or a publisher meets its limit (slipstream; docs/BACKPRESSURE.md). "
         "A channel's watermarks=HIGH/LOW overrides both.",
         low=1, high=100, section="Back pressure",
     )
-    backpressure_low_watermark: int = _int(
+    backpressure_low_watermark: int = integer(
         50,
         "An episode ends when the part of the window in use falls to this percent (the "
         "hysteresis: below backpressure_high_watermark).",
         low=0, high=99,
     )
-    untethered_window_limit_timeout: int = _duration(
+    untethered_window_limit_timeout: int = duration(
         5 * _S,
         "An untethered subscription (tether=false: IPC, a spy, a UDP image's) that stays "
         "within a fraction of a window of holding its publishers (or its image) back this "
@@ -615,7 +615,7 @@ class DriverSettings:
         "untethered-window-limit-timeout= overrides it (Aeron's default).",
         within=TIMEOUT_RANGE_NS,
     )
-    untethered_resting_timeout: int = _duration(
+    untethered_resting_timeout: int = duration(
         10 * _S,
         "How long a left-behind untethered subscription rests before it rejoins the stream "
         "(at the newest position; a UDP image's, where its slowest subscriber is), ns; 0 "
@@ -624,18 +624,18 @@ class DriverSettings:
         within=TIMEOUT_RANGE_NS,
     )
     # ---------------------------------------------------------------- session ids
-    publication_reserved_session_id_low: int = _int(
+    publication_reserved_session_id_low: int = integer(
         -1,
         "Low end of the session ids never chosen automatically, kept for explicit session-id= "
         "in URIs.",
         low=INT32_MIN, high=INT32_MAX, section="Session ids",
     )
-    publication_reserved_session_id_high: int = _int(
+    publication_reserved_session_id_high: int = integer(
         1000, "High end (inclusive) of the reserved session ids.",
         low=INT32_MIN, high=INT32_MAX,
     )
     # ---------------------------------------------------------------- encrypted channels
-    keys_dir: str | None = _text(
+    keys_dir: str | None = text(
         None,
         "Directory of the named keys of encrypted channels (key=NAME reads NAME.key there: one "
         "or two lines '<id 0-255> <64 hex digits>', the first seals, both open); each file "
@@ -645,7 +645,7 @@ class DriverSettings:
         accepted_text='a directory path, or "" for none (key= refused)',
         section="Encrypted channels",
     )
-    keys_reload_interval: int = _duration(
+    keys_reload_interval: int = duration(
         _S,
         "How often the driver reads the key files of its encrypted channels again, so that a "
         "key added or swapped for rotation is taken up with no loss, ns (slipstream).",

@@ -373,6 +373,14 @@ def test_a_bad_setting_from_the_environment_or_command_line_names_its_key_and_wh
     assert f"archive setting {key!r}" in str(raised.value) and where in str(raised.value)
 
 
+def test_the_archives_variables_are_passed_over_by_the_driver() -> None:
+    """Both read SLIPSTREAM_*: none of the archive's variables is taken by the driver for a
+    misspelling of one of its own keys (which it would refuse)."""
+    from slipstream.daemon.config import load_settings as load_driver_settings
+    env = {f"SLIPSTREAM_ARCHIVE_{key.upper()}": "0" for key in SETTINGS}
+    assert load_driver_settings(env=env) == load_driver_settings(env={})
+
+
 def test_the_resolved_settings_print_as_a_file_that_loads_to_them(tmp_path: Path) -> None:
     path = tmp_path / "archive.toml"
     path.write_text(
