@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import enum
+import importlib.resources
 import logging
 import os
 import re
@@ -379,10 +380,10 @@ def sources_field() -> Any:
     return attrs.field(factory=dict, converter=freeze_sources, eq=False, repr=False)
 
 
-def _assignment(text_: str) -> tuple[str, str]:
-    key, sep, value = text_.partition("=")
+def _assignment(assignment: str) -> tuple[str, str]:
+    key, sep, value = assignment.partition("=")
     if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text_!r}")
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {assignment!r}")
     # --set mtu-length=4k reads as naturally as mtu_length on a command line.
     return key.strip().lower().replace("-", "_"), value.strip()
 
@@ -587,12 +588,11 @@ class SettingsTable(Generic[T]):
                 )
                 lines.append(f"# Accepts {spec.accepted()}.")
                 lines.append(f"{key} = {spec.toml(spec.default)}")
-        text_ = "\n".join(lines) + "\n"
-        return text_ + ("\n" + footer if footer else "")
+        rendered = "\n".join(lines) + "\n"
+        return rendered + ("\n" + footer if footer else "")
 
     def shipped_text(self) -> str:
         """The shipped file in the ``slipstream.config`` package."""
-        import importlib.resources
         return importlib.resources.files("slipstream.config").joinpath(self.shipped).read_text()
 
     # ------------------------------------------------------------------------ the command line
