@@ -12,7 +12,7 @@ hosts: the figure is what the driver and the status messages cost, without a lin
 The subscriber's driver sends a status message each quarter of its window consumed, every
 ``status_message_timeout`` (200 ms), and, its subscription being tagged, as soon as the
 subscriber has consumed all it received (at most one per
-``status_message_catch_up_interval``, 1 ms: docs/PROTOCOL.md §4.6): the naive loop waits for
+``status_message_catch_up_interval``, 1 ms: docs/DRIVER.md §4.6): the naive loop waits for
 that one, where it waited for the timer on every message before.
 
     .venv/bin/python -m bench.durable_publish [--messages N] [--window W] [--naive N]

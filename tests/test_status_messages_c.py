@@ -1,4 +1,4 @@
-"""Status messages at a send endpoint's C dispatch (docs/PROTOCOL.md §3.3, §5.2): the C half
+"""Status messages at a send endpoint's C dispatch (docs/DRIVER.md §3.3, §5.2): the C half
 of a unicast publication (``on_status_message`` in daemon/network_receiver.c, on while
 ``NetworkPublication.sync_c_half`` sets ``sm_in_c``) against the rules the Python half runs
 (``NetworkPublication._on_status_message`` and :class:`UnicastFlowControl`).
