@@ -260,7 +260,7 @@ class SystemCounter(enum.IntEnum):
     # status messages naming no publication of the send endpoint they reached (dropped: no
     # multi-destination-cast destination is learned from one)
     UNMATCHED_STATUS_MESSAGES = 47
-    # issue 59, mdcvalid: a dynamic multi-destination-cast endpoint's address validation
+    # a dynamic multi-destination-cast endpoint's address validation (docs/CHANNELS.md §7.4.1):
     # control frames from a source outside the endpoint's join= subnets that reach the
     # Python half (SMs, RTTMs, ERRs, rate signals), dropped unread
     MDC_JOIN_SUBNET_DROPS = 48
@@ -273,7 +273,7 @@ class SystemCounter(enum.IntEnum):
     # datagrams not sent to an unvalidated address because they would take what was sent to
     # it past 3x what arrived from it (RFC 9000 section 8's anti-amplification limit)
     MDC_AMPLIFICATION_DROPS = 51
-    # issue 59, crypto: datagrams an encrypted channel's endpoint drops, by cause
+    # datagrams an encrypted channel's endpoint drops, by cause
     # (docs/CHANNELS.md §7.8):
     CRYPTO_PLAIN_DROPS = 52  # a datagram without a seal at an encrypted endpoint: a plain peer
     CRYPTO_UNKNOWN_KEY_DROPS = 53  # sealed under a key id the endpoint's key file does not hold
@@ -281,7 +281,7 @@ class SystemCounter(enum.IntEnum):
     CRYPTO_REPLAY_DROPS = 55  # a counter already opened, below the window, or a stale sender id
     CRYPTO_SEAL_REFUSED = 56  # not sealed (too long, libcrypto), or a sender id due not drawn
     CRYPTO_SEALED_AT_PLAIN_DROPS = 57  # a sealed datagram at a plain endpoint (a key it lacks)
-    # issue 59, ctrlbind:
+    # control from the network (docs/DRIVER.md §5.7):
     # status messages naming a live receiver from another host than the one its status
     # messages are bound to (dropped: a forged or stray one moves nothing)
     SM_SOURCE_MISMATCH_DROPS = 58
@@ -305,7 +305,7 @@ class SystemCounter(enum.IntEnum):
     # ERR frames naming a live receiver from its address that its status messages went on
     # to contradict within the grace (dropped: they change nothing)
     ERR_CONTRADICTED_DROPS = 66
-    # issue 59, setupflood: SETUPs that made no image, by cause (docs/DRIVER.md §4.2.1)
+    # SETUPs that made no image, by cause (docs/DRIVER.md §4.2.1)
     IMAGE_TERM_LENGTH_REFUSED = 67  # SETUPs whose term is longer than the subscription allows
     IMAGE_SOURCE_IMAGES_REFUSED = 68  # SETUPs from a source at image_source_max_images
     IMAGE_SOURCE_MEMORY_REFUSED = 69  # SETUPs whose log would pass image_source_memory_limit
