@@ -391,7 +391,7 @@ def test_a_stock_aeron_cubic_receiver_measures_its_round_trip_through_a_slipstre
     group, for multicast, where the receiver's socket listens).  Aeron's ``rcv-cc-cubic-rtt``
     counter, 0 until an echo comes back, then holds the round trip; every message arrives
     under its CUBIC window.  (Aeron 1.15.1 sends its later RTTMs as empty datagrams, which
-    slipstream counts as invalid packets: docs/PROTOCOL.md §4.5.)
+    slipstream counts as invalid packets: docs/DRIVER.md §4.5.)
 
     Aeron 1.15.1's image drops data past its last SM's window, so a cut after a loss (a
     datagram its socket had no room for, on a busy machine) strands what was in flight until
