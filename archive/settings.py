@@ -124,7 +124,7 @@ class RecordSpec:
         """What the archive subscribes to: a local UDP stream through a spy on its
         publication's log (no copy through the network), IPC as it is, a remote one as a
         plain subscription.  An encrypted channel's spy names no key (``key=``): the log it
-        reads holds the stream in plain text (docs/PROTOCOL.md §7.8)."""
+        reads holds the stream in plain text (docs/CHANNELS.md §7.8)."""
         if self.source is Source.LOCAL and self.channel.startswith("aeron:udp"):
             return SPY_PREFIX + channel_with_key(self.channel, None)
         return self.channel
@@ -196,7 +196,7 @@ def parse_peer(entry: Any, key: str = "peers") -> Peer:
     Archive's control stream, :data:`DEFAULT_CONTROL_STREAM_ID`), either followed by
     ``|key=NAME`` for a control endpoint keyed NAME (the peer's ``control_keys``); the host
     an IPv4 address or a host name, which is kept as a name: the link to the peer follows it
-    when the peer moves (docs/PROTOCOL.md §7.2, "Names that follow their peer").  Raises
+    when the peer moves (docs/CHANNELS.md §7.2, "Names that follow their peer").  Raises
     :class:`ArchiveSettingsError` naming ``key``."""
     if not isinstance(entry, str):
         raise ArchiveSettingsError(key, f"{entry!r} is not \"host:port\"")
@@ -226,7 +226,7 @@ def _check_control_keys(value: Mapping[str, int]) -> str | None:
         if not 0 < port <= 65535:
             return f"{name} = {port!r} is not a UDP port (1..65535)"
     if len(set(value.values())) != len(value):
-        return "two keys on one port: an endpoint has one key (docs/PROTOCOL.md §7.8)"
+        return "two keys on one port: an endpoint has one key (docs/CHANNELS.md §7.8)"
     return None
 
 
@@ -378,7 +378,7 @@ class ArchiveSettings:
     control_keys: Mapping[str, int] = port_table(
         "Keyed control endpoints, one per key name: { NAME = port, ... }, each a UDP port of "
         "control_address taking calls sealed under key=NAME (NAME.key in the driver's "
-        "keys_dir, docs/PROTOCOL.md §7.8). A call that arrives on NAME's endpoint is from a "
+        "keys_dir, docs/CHANNELS.md §7.8). A call that arrives on NAME's endpoint is from a "
         "holder of NAME: it is answered about recordings and held streams of key=NAME (and "
         "plain ones), its answers and replays sealed under NAME. A recording or held stream "
         "of a key is answered only on that key's endpoint; elsewhere each call about it is "
