@@ -37,7 +37,6 @@ def _slow_resolver(monkeypatch: pytest.MonkeyPatch, delay_s: float) -> None:
         return real(host, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
-    monkeypatch.setattr(names, "_cache", {})
 
 
 @dataclasses.dataclass
@@ -62,7 +61,6 @@ def _moving_names(monkeypatch: pytest.MonkeyPatch, **records: str) -> _Records:
         return real(host, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
-    monkeypatch.setattr(names, "_cache", {})
     return table
 
 
@@ -146,7 +144,6 @@ async def test_a_host_that_does_not_resolve_is_a_channel_error_naming_the_endpoi
         return real(host, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
-    monkeypatch.setattr(names, "_cache", {})
 
     def add(directory: Path) -> tuple[ChannelRejectedError, str]:
         with Client.connect(directory) as client:
@@ -236,6 +233,8 @@ async def test_a_silent_manual_destinations_name_is_followed_and_the_others_lose
     then 127.0.0.2, a subscriber) and to 127.0.0.3 (a subscriber that stays): the named
     destination is resolved again and moved, and the one that stays gets every message."""
     record = _moving_names(monkeypatch, **{"moving.test": "127.0.0.1"})
+    # No answer is reused: each command that names moving.test asks the resolver.
+    monkeypatch.setattr(names, "TTL_S", 0.0)
     port = free_port()
 
     def follow(directory: Path) -> int:
@@ -265,7 +264,6 @@ async def test_a_silent_manual_destinations_name_is_followed_and_the_others_lose
             # Removed by its name, whatever the name resolves to by then (a record changed
             # again while the destination is in contact does not move it).
             record.address["moving.test"] = "127.0.0.9"
-            names._cache.clear()
             publication.remove_destination(f"aeron:udp?endpoint=moving.test:{port}")
             sent += 300
             # The sender applies the removal at its next duty cycle, which the answer does
