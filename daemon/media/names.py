@@ -117,9 +117,11 @@ class NameResolver:
         """``wake``: tells the conductor's thread an answer is queued (any thread)."""
         self._wake = wake
         self._again = threading.BoundedSemaphore(RESOLVER_THREADS)
-        # -- shared: appended by the resolver's threads, taken by the conductor's --
+        # Appended by the resolver's threads, taken by the conductor's (a deque's append and
+        # popleft are atomic).
         self._answers: collections.deque[NamesResolved] = collections.deque()
 
+    # -- the conductor thread's: the commands, and their answers ----------------------------
     def submit(self, command: ResolveNames) -> None:
         """Resolve ``command``'s hosts on a thread of their own (the conductor's thread)."""
         threading.Thread(target=self._resolve, args=(command,), name="ss-resolve",
@@ -132,6 +134,7 @@ class NameResolver:
             answers.append(self._answers.popleft())
         return answers
 
+    # -- a resolver thread's: one command --------------------------------------------------
     def _resolve(self, command: ResolveNames) -> None:
         """A resolver's thread: the answer is queued whatever happens (a host missing from
         it: the resolver failed)."""
@@ -153,9 +156,9 @@ class NameCache:
     here resolves: :meth:`lookup` answers from what :meth:`store` kept."""
 
     def __init__(self) -> None:
-        # -- the conductor thread's --
         self._answers: dict[str, tuple[Answer, float]] = {}  # name -> (answer, expiry, s)
 
+    # -- the conductor thread's: every method -----------------------------------------------
     def unresolved(self, channel: Channel, now_s: float) -> list[str]:
         """The names of ``channel`` with no fresh answer (monotonic ``now_s``), each once."""
         hosts: list[str] = []
