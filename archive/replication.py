@@ -209,8 +209,7 @@ class ReplayOpened:
 
     def image(self) -> Image | None:
         """The replay's image, once it came (the service's thread)."""
-        return next((image for image in self.subscription.images
-                     if image.session_id == self.session_id), None)
+        return self.subscription.image_by_session_id(self.session_id)
 
 
 @dataclass(frozen=True)
