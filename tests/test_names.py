@@ -1,8 +1,10 @@
 """Host names in channels resolve off the driver's loop: a slow resolver delays that one
-command, never the driver's heartbeat (nor its systemd watchdog), and one that does not answer
-in time gets the command refused, naming the host.  A unicast endpoint's name is resolved
-again while its peer is silent, off the loop too, and the endpoint follows a changed address
-(the whole path through the system's resolver: tests/test_re_resolution_hosts.py)."""
+command, never the driver's heartbeat (nor its systemd watchdog) nor another client's commands,
+and one that does not answer in time gets the command refused, naming the host.  The name
+cache and the resolver run on the threads daemon/streams/ownership.py names.  A unicast
+endpoint's name is resolved again while its peer is silent, off the loop too, and the endpoint
+follows a changed address (the whole path through the system's resolver:
+tests/test_re_resolution_hosts.py)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ may touch.
 
 The stream objects' code is grouped the same way: their ``__init__`` sets the fields, and the
 class defines the methods, in sections headed by their owner (``SECTION_HEADINGS``), checked
-against the tables."""
+against the tables; so is the code of the driver's name cache and resolver (``NAME_THREADS``,
+whose owners tests/test_names.py checks as a driver runs)."""
 
 from __future__ import annotations
 
