@@ -76,7 +76,7 @@ class RecordSpec:
         """What the archive subscribes to: a local UDP stream through a spy on its
         publication's log (no copy through the network), IPC as it is, a remote one as a
         plain subscription.  An encrypted channel's spy names no key (``key=``): the log it
-        reads holds the stream in plain text (docs/PROTOCOL.md §7.8)."""
+        reads holds the stream in plain text (docs/CHANNELS.md §7.8)."""
         if self.source is Source.LOCAL and self.channel.startswith("aeron:udp"):
             return SPY_PREFIX + channel_with_key(self.channel, None)
         return self.channel
@@ -192,7 +192,7 @@ def _control_keys(value: Any) -> dict[str, int]:
     ports = list(value.values())
     if len(set(ports)) != len(ports):
         raise ArchiveSettingsError("control_keys", "two keys on one port: an endpoint has "
-                                   "one key (docs/PROTOCOL.md §7.8)")
+                                   "one key (docs/CHANNELS.md §7.8)")
     return dict(value)
 
 
@@ -237,7 +237,7 @@ def parse_peer(entry: Any, key: str = "peers") -> Peer:
     Archive's control stream, :data:`DEFAULT_CONTROL_STREAM_ID`), either followed by
     ``|key=NAME`` for a control endpoint keyed NAME (the peer's ``control_keys``); the host
     an IPv4 address or a host name, which is kept as a name: the link to the peer follows it
-    when the peer moves (docs/PROTOCOL.md §7.2, "Names that follow their peer").  Raises
+    when the peer moves (docs/CHANNELS.md §7.2, "Names that follow their peer").  Raises
     :class:`ArchiveSettingsError` naming ``key``."""
     peer_key = None
     if isinstance(entry, str) and "|" in entry:

@@ -13,7 +13,7 @@ carry units (``"64k"``, ``"200ms"``), parsed by :mod:`slipstream.client.units`.
 Precedence: built-in defaults < TOML file < environment
 (``SLIPSTREAM_<KEY_UPPER>``) < command line / keyword overrides.  A bad value raises
 :class:`~slipstream.client.errors.ConfigurationError` naming the key and the accepted range.
-Defaults follow Aeron (docs/PROTOCOL.md §8) unless the doc says "slipstream".
+Defaults follow Aeron (docs/DEFAULTS.md §8) unless the doc says "slipstream".
 """
 
 from __future__ import annotations
@@ -790,7 +790,7 @@ class DriverSettings:
         "slipstream: a new receiver holds a min/tagged publication back only once it was "
         "heard consistently: three status messages over at least this, each within its "
         "window of the sender limit and none ahead of what was sent; until then it does not "
-        "gate the sender (docs/PROTOCOL.md 5.7), ns.  0 admits at the first status message "
+        "gate the sender (docs/DRIVER.md §5.7), ns.  0 admits at the first status message "
         "(Aeron's).",
         low=0, high=_HOUR,
     )
@@ -841,7 +841,7 @@ class DriverSettings:
         None,
         "Directory of the named keys of encrypted channels (key=NAME reads NAME.key there: one "
         "or two lines '<id 0-255> <64 hex digits>', the first seals, both open); each file "
-        "must be a regular file the driver's user and group alone may read (docs/PROTOCOL.md "
+        "must be a regular file the driver's user and group alone may read (docs/CHANNELS.md "
         "§7.8). Unset: a channel with key= is refused (slipstream).",
         optional=True, check=_check_directory,
         accepted_text='a directory path, or "" for none (key= refused)',

@@ -24,7 +24,7 @@ conductor's schedule of names to resolve again (Aeron's re-resolution).  Every
 driver's runner sends them to the resolver (``again``: each on its own, at most
 :data:`RESOLVER_THREADS` at once) and hands the answers back (:meth:`NameWatch.answered`),
 which says whose address changed.  The conductor, which only ever handles IP literals,
-applies the new address (docs/PROTOCOL.md §7.2).
+applies the new address (docs/CHANNELS.md §7.2).
 """
 
 from __future__ import annotations
