@@ -17,6 +17,8 @@ processes over loopback, in /dev/shm:
   room for the pages it brings;
 * a large kept file is zeroed in pieces, between which the image log worker makes new
   logs;
+* an image whose stream ended and whose last subscriber went is released at once, so
+  back-to-back replays' images are made from the file the one before released;
 * the driver's directory clean-up removes kept files.
 """
 
@@ -571,3 +573,45 @@ def test_a_large_kept_file_is_zeroed_in_pieces_between_new_logs(shm: Path) -> No
     assert kept.read_bytes()[:3 * TERM] == bytes(3 * TERM)
     assert pool.take(shm / "9.logbuffer", LOG_LENGTH)
     maker.close()
+
+
+def test_back_to_back_ended_streams_make_the_readers_image_logs_from_released_files(
+        launch) -> None:
+    """A replay's shape: a stream of several terms from one driver to another, ended by its
+    publisher (EOS), read to its end by a subscription that then closes while the channel
+    stays open, and the next such stream right after.  The reader's driver lets the ended
+    image go as soon as its last subscriber went, not after the drain wait (5
+    status-message timeouts: 5 s here), so its log is kept well within that wait and every
+    next stream's image is made from the file the one before released (the reader's
+    LOGS_REUSED)."""
+    sender = launch(**REUSE, publication_connection_timeout="5s")
+    reader = launch(**REUSE, status_message_timeout="1s")
+    drain_wait_s = 5 * 1.0
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    runs = 3
+    with Client.connect(sender.directory) as publishing, \
+            Client.connect(reader.directory, resource_linger_s=0) as reading:
+        # The channel stays open, as a reply endpoint does for its control stream: closing
+        # its last subscription would close the endpoint and its images with it.
+        standing = reading.add_subscription(uri, STREAM + 1)
+        for run in range(runs):
+            subscription = reading.add_subscription(uri, STREAM)
+            publication = publishing.add_publication(uri, STREAM)
+            connect(publication, subscription)
+            if run > 0:
+                assert [p.stat().st_ino for p in logs(reader)] == [kept], \
+                    "the image's log is not the file the last stream's released"
+            collector = Collector(subscription)
+            count = 5 * TERM // 1024
+            stream(publication, [collector], count, lambda i: 1000, first=run * 10**6)
+            collector.assert_exactly(count, run * 10**6)
+            publication.close()
+            [image] = subscription.images
+            wait_for(lambda: image.is_end_of_stream, what="the end of the stream read")
+            subscription.close()
+            wait_for(lambda: kept_ready(reader, 1), timeout=drain_wait_s / 2,
+                     what="the ended image's log kept, before the drain wait")
+            [path] = released(reader)
+            kept = path.stat().st_ino
+        assert counters_of(reader)["LOGS_REUSED"] == runs - 1
+        standing.close()

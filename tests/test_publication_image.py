@@ -244,6 +244,48 @@ def test_heartbeat_eos_then_draining_with_eos_sm_then_unavailable(shm: Path) -> 
     assert rc.poll_events() == []
 
 
+def test_an_ended_stream_whose_last_subscriber_went_is_done_at_once(shm: Path) -> None:
+    """The sender ended the stream (EOS, rebuilt up to it) and the subscriber read it and
+    went: nobody is left to tell with EOS-flagged SMs, so the image goes (and frees its log)
+    at its next pass, not 5 status-message timeouts after DRAINING began, as it does while a
+    subscriber stays (above)."""
+    rc, _ = receive_channel(shm)
+    rc.on_datagram(setup(), SRC, 0)
+    image, cell = attach(rc)
+    rc.on_datagram(data(0), SRC, 0)
+    rc.on_datagram(Heartbeat(64, 1, 2, 100, 0xE0).encode(), SRC, 1)
+    rc.datagrams_to_send(1)
+    assert image.state is ImageState.DRAINING
+    cell[0] = 64
+    image.remove_subscriber_position(cell)
+    assert image.due(2)  # the agent runs its pass at once
+    rc.datagrams_to_send(2)
+    assert image.state is ImageState.LINGER
+    assert rc.next_deadline_ns() == 2  # no subscriber: the linger ends at once
+    rc.datagrams_to_send(2)
+    assert image.state is ImageState.DONE and not rc.images
+    assert [type(e) for e in rc.poll_events()] == [ImageUnavailable, ImageDone]
+
+
+def test_a_stream_still_sending_when_its_last_subscriber_went_drains_the_full_wait(
+        shm: Path) -> None:
+    """Without the sender's EOS the image tells the sender with EOS-flagged SMs for 5
+    status-message timeouts before it lingers."""
+    rc, _ = receive_channel(shm)
+    rc.on_datagram(setup(), SRC, 0)
+    image, cell = attach(rc)
+    rc.on_datagram(data(0), SRC, 0)
+    rc.datagrams_to_send(1)
+    image.remove_subscriber_position(cell)
+    rc.datagrams_to_send(2)
+    assert image.state is ImageState.DRAINING
+    t = 2
+    while image.state is ImageState.DRAINING:
+        t = rc.next_deadline_ns()
+        rc.datagrams_to_send(t)
+    assert t >= 1 + 5 * 200 * MS
+
+
 def test_elicit_setup_for_unknown_session_and_session_filter(shm: Path) -> None:
     rc, _ = receive_channel(shm)
     rc.on_datagram(data(0), SRC, 0)

@@ -840,7 +840,11 @@ class PublicationImage:
             min_sub, _ = self._min_max_subscriber_position()
             end = self.left_behind[0] if self.left_behind is not None else self.rcv_pos
             drained = min_sub >= end or not self._subscriber_positions
+            # The EOS-flagged SMs of the wait tell a sender that is still there that this
+            # receiver went; a stream that ended (its sender's EOS, rebuilt up to) and that no
+            # subscriber reads any more has no one to tell nor to wait for: its log goes now.
             if drained and (self.left_behind is not None  # nothing to wait for from the sender
+                            or (self.is_end_of_stream and not self._subscriber_positions)
                             or now_ns - self._time_of_last_state_change_ns
                             >= 5 * self.status_message_timeout_ns):
                 if self.left_behind is not None:
