@@ -594,6 +594,7 @@ def test_back_to_back_ended_streams_make_the_readers_image_logs_from_released_fi
         # The channel stays open, as a reply endpoint does for its control stream: closing
         # its last subscription would close the endpoint and its images with it.
         standing = reading.add_subscription(uri, STREAM + 1)
+        kept = None  # the inode of the file the last stream's image released
         for run in range(runs):
             subscription = reading.add_subscription(uri, STREAM)
             publication = publishing.add_publication(uri, STREAM)
@@ -607,7 +608,8 @@ def test_back_to_back_ended_streams_make_the_readers_image_logs_from_released_fi
             collector.assert_exactly(count, run * 10**6)
             publication.close()
             [image] = subscription.images
-            wait_for(lambda: image.is_end_of_stream, what="the end of the stream read")
+            wait_for(lambda image=image: image.is_end_of_stream,
+                     what="the end of the stream read")
             subscription.close()
             wait_for(lambda: kept_ready(reader, 1), timeout=drain_wait_s / 2,
                      what="the ended image's log kept, before the drain wait")
