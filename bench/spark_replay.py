@@ -38,8 +38,8 @@ each driver made from released ones.
 process (the reader) and the executor's driver on CPU 0 (every thread, as ``taskset`` would).
 Without it the scheduler places them on the machine's cores as it likes.  ``--cpu`` prints
 where a replayed read's CPU goes: per thread of the four processes (the median of the runs, ms
-of CPU from ``/proc/<pid>/task/<tid>/schedstat``, and its page faults), and the warm stream's
-timed pass's beside it.
+of CPU from ``/proc/<pid>/task/<tid>/schedstat``, and its page faults), the archive's
+replayed read's (the archive's process too), and the warm stream's timed pass's beside them.
 
 ``--archive`` adds the archive's replay of the same range: a ``slipstream-archive`` process
 beside the holder's driver (control endpoint at 127.0.0.1) records the holder's IPC stream
@@ -119,6 +119,16 @@ def pin_process(pid: int, cpu: int) -> None:
             os.sched_setaffinity(int(tid), {cpu})
         except ProcessLookupError:  # a thread that ended meanwhile
             pass
+
+
+def _add_difference(table: dict[tuple[str, str], list[tuple[int, int]]],
+                    before: dict[tuple[str, str], tuple[int, int]],
+                    after: dict[tuple[str, str], tuple[int, int]]) -> None:
+    """Append each thread's CPU ns and page faults from ``before`` to ``after``
+    (:func:`thread_cpu`'s) to its samples in ``table``."""
+    for thread, (ns, faults) in after.items():
+        ns0, faults0 = before.get(thread, (0, 0))
+        table[thread].append((ns - ns0, faults - faults0))
 
 
 def thread_cpu(pids: dict[str, int]) -> dict[tuple[str, str], tuple[int, int]]:
@@ -404,11 +414,15 @@ def main() -> None:
         stream_runs: list[float] = []
         cpu: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
         stream_cpu: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
+        archive_cpu: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
+        archive_pids = {**pids, "archive": archive.pid} if archive is not None else pids
 
         def archive_run() -> None:
             if archived is not None:
                 time.sleep(args.gap)
+                before = thread_cpu(archive_pids)
                 rows, seconds, first = rows_of(archived)
+                _add_difference(archive_cpu, before, thread_cpu(archive_pids))
                 assert rows == args.messages, rows
                 archive_runs.append((rows / seconds, first))
 
@@ -421,20 +435,15 @@ def main() -> None:
             time.sleep(args.gap)
             before = thread_cpu(pids)
             rows, seconds, first = rows_of(partition(executor_dir))
-            after = thread_cpu(pids)
+            _add_difference(cpu, before, thread_cpu(pids))
             assert rows == args.messages, rows
             replayed_runs.append((rows / seconds, first))
-            for thread, (ns, faults) in after.items():
-                ns0, faults0 = before.get(thread, (0, 0))
-                cpu[thread].append((ns - ns0, faults - faults0))
             if not run % 2:
                 archive_run()
             timed: list[dict[tuple[str, str], tuple[int, int]]] = []
             stream_runs.append(read_warm_stream(here, warm, args.messages,
                                                 partial(_sample_into, timed, pids)))
-            for thread, (ns, faults) in timed[1].items():
-                ns0, faults0 = timed[0].get(thread, (0, 0))
-                stream_cpu[thread].append((ns - ns0, faults - faults0))
+            _add_difference(stream_cpu, timed[0], timed[1])
         reused = [read_system_counters(d)[SystemCounter.LOGS_REUSED] for d in directories]
         here.send("stop")
         holder.join(10)
@@ -486,7 +495,11 @@ def main() -> None:
         print(f"logs made in the files of released ones (log_reuse_bytes): the holder's "
               f"driver {reused[0]}, the reader's {reused[1]}")
         if args.cpu:
-            for what, table in (("replayed read", cpu), ("warm stream's timed pass", stream_cpu)):
+            tables = [("replayed read", cpu), ("archive's replayed read", archive_cpu),
+                      ("warm stream's timed pass", stream_cpu)]
+            for what, table in tables:
+                if not table:
+                    continue
                 print(f"CPU per {what} (median of the runs; minor page faults):")
                 total = 0.0
                 for (label, name), samples in sorted(table.items()):
