@@ -201,6 +201,11 @@ def _cause(caller_key: str | None) -> str:
     return "call-without-key" if caller_key is None else "call-with-other-key"
 
 
+#: The longest a loop with replays in progress waits for one of them to get credit before
+#: its next pass (its calls and recordings wait no longer than this), ns.
+REPLAY_WAIT_NS: Final = 500_000
+
+
 class CallRefused(ValueError):
     """A call answered with an error; ``fields`` go into the answer beside the message."""
 
@@ -396,6 +401,17 @@ class ArchiveControl:
         self._image_came.set()
         for _, subscription in list(self.endpoints):
             subscription._wake_waiters()
+
+    def await_replay_credit(self, timeout_ns: int) -> None:
+        """Wait for flow control to let a replay go on, at most ``timeout_ns``: parked on
+        the publication of the first replay that has no credit (its driver wakes it when
+        the requester's status message moves the limit); without such a replay (one that
+        waits to connect, or for its recording to grow) a sleep of ``timeout_ns``."""
+        for replay in self.replays.values():
+            if replay.state is ReplayState.REPLAYING and not replay.publication.has_credit:
+                replay.publication.await_credit(timeout_ns)
+                return
+        time.sleep(timeout_ns / 1e9)
 
     def wait_for_call(self, timeout_ns: int) -> None:
         """Wait up to ``timeout_ns`` for a call on any endpoint (parked: a call wakes it at

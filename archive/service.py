@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Final
 
 from slipstream.archive.catalog import Catalog, EndReason
-from slipstream.archive.control import ArchiveControl, channel_key
+from slipstream.archive.control import REPLAY_WAIT_NS, ArchiveControl, channel_key
 from slipstream.archive.holding import HeldStreams
 from slipstream.archive.reading import TimeIndexWriter, recording_position_key
 from slipstream.archive.recorder import PositionListener, Recording
@@ -52,9 +52,6 @@ _IDLE_SPIN_NS = 50_000
 #: ...then parks on the logs' eventcounts (no CPU) for at most this long, so that new images,
 #: the retention timer and a stop are seen within it (a signal ends the park at once).
 _IDLE_PARK_NS = 10_000_000
-#: An idle loop with replays in progress waits this long, s: their publications' limits move
-#: as their requesters' status messages come, which no eventcount here tells.
-_REPLAY_WAIT_S = 0.0005
 
 
 class ArchiveLockedError(RuntimeError):
@@ -358,9 +355,9 @@ class ArchiveService:
         """Wait for the next frame of any active recording (at its reader's position) or of
         a call on the control stream (so a call is answered at once, not after the park):
         spin briefly, then park on the logs' eventcounts, at most :data:`_IDLE_PARK_NS`; with
-        replays in progress, :data:`_REPLAY_WAIT_S`."""
+        replays in progress, for their credit (:meth:`ArchiveControl.await_replay_credit`)."""
         if self.control is not None and self.control.replays:
-            time.sleep(_REPLAY_WAIT_S)  # the replays' credit comes back unannounced
+            self.control.await_replay_credit(REPLAY_WAIT_NS)
             return
         readers = [r.reader for r in self.recordings.values()
                    if r.is_active and not r.image.is_closed]

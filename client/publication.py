@@ -500,6 +500,22 @@ class Publication:
             return NotDurable.TOO_FEW_RECEIVERS
         return NotDurable.BEHIND
 
+    @property
+    def has_credit(self) -> bool:
+        """Whether an offer may go now: connected and the position below the publication
+        limit (true once closed: an offer then returns CLOSED at once)."""
+        return bool(lib.ss_has_credit(self._appender)) if not self.is_closed else True
+
+    def await_credit(self, timeout_ns: int) -> bool:
+        """Wait until :attr:`has_credit`, at most ``timeout_ns``: parked at once on the log's
+        publisher eventcount, which the driver bumps when it moves the limit (the GIL
+        released meanwhile).  Returns :attr:`has_credit`.  For a loop that serves other
+        work too and so bounds the wait; an offer that waits for credit by itself parks
+        the same way (the client's idle strategy)."""
+        if self.is_closed:
+            return True
+        return bool(lib.ss_await_credit(self._appender, 0, 0, timeout_ns))
+
     def wait_durable(self, position: int, timeout_s: float) -> bool:
         """Wait until :attr:`durable_position` reaches ``position`` (an offer's result, or
         :attr:`position` for everything offered so far): True once it did, False when

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Final
 
 from slipstream.archive.catalog import Catalog
-from slipstream.archive.control import ArchiveControl
+from slipstream.archive.control import REPLAY_WAIT_NS, ArchiveControl
 from slipstream.archive.holding import MAX_ENDED_ASKED, NamedLogs, driver_instance
 from slipstream.archive.recorder import Recording
 from slipstream.archive.settings import DEFAULT_CONTROL_STREAM_ID
@@ -54,10 +54,8 @@ __all__ = ["archived_partitions", "holder_address", "log_of", "plan_partitions",
 log = logging.getLogger("slipstream.spark_bridge")
 
 _IMAGE_WAIT_S = 0.5  # how long a new subscription waits for its images to show up
-#: The query's replay server waits this long between passes while replays are in progress
-#: (their publications' limits move as the tasks' status messages come), s...
-_REPLAY_WAIT_S = 0.0005
-#: ...and for a request at most this long otherwise (one wakes it at once), ns.
+#: The query's replay server waits for a request at most this long while no replay is in
+#: progress (one wakes it at once), ns.
 _CALL_WAIT_NS = 100_000_000
 
 
@@ -144,8 +142,8 @@ class _Holder:
                 self.holds.do_work(self.control.logs_in_use)
                 if work:
                     continue
-                if self.control.replays:  # their credit comes back unannounced
-                    time.sleep(_REPLAY_WAIT_S)
+                if self.control.replays:
+                    self.control.await_replay_credit(REPLAY_WAIT_NS)
                 else:
                     self.control.wait_for_call(_CALL_WAIT_NS)
         except Exception:  # the tasks that need it fail naming it

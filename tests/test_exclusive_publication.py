@@ -551,3 +551,35 @@ def test_offer_block_refuses_a_block_that_is_not_whole_frames_of_its_own(client:
     finally:
         publication.close()
         subscription.close()
+
+
+def test_await_credit_parks_until_the_subscriber_frees_the_window(client: Client) -> None:
+    """A back-pressured publication (a subscriber that reads nothing, the window full
+    across several offers) has no credit, and await_credit waits out its timeout; once the
+    subscriber reads, the driver moves the limit and wakes the wait long before its
+    timeout (the archive's replays wait for their credit so, not by polling)."""
+    import threading
+
+    subscription = client.add_subscription("aeron:ipc", 4001)
+    publication = client.add_exclusive_publication("aeron:ipc", 4001)
+    connect(publication, subscription)
+    payload = bytes(1000)
+    offers = 0
+    while publication.offer(payload) > 0:
+        offers += 1
+    assert offers > 3
+    assert not publication.has_credit
+    started = time.monotonic()
+    assert not publication.await_credit(50_000_000)
+    assert time.monotonic() - started >= 0.045
+    reader = threading.Timer(0.1, lambda: subscription.poll(lambda *a: None, 1 << 20))
+    reader.start()
+    started = time.monotonic()
+    try:
+        assert publication.await_credit(10_000_000_000)
+    finally:
+        reader.join()
+    assert time.monotonic() - started < 5.0
+    assert publication.has_credit
+    publication.close()
+    assert publication.has_credit and publication.await_credit(1)
