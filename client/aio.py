@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.lowlevel
@@ -36,21 +37,58 @@ import anyio.to_thread
 import sniffio
 
 from slipstream.client._native import lib
+from slipstream.client.channel import PolicySpec
 from slipstream.client.errors import BackPressuredError, ClosedError, UsageError
+from slipstream.client.logbuffer import LogBuffer
+from slipstream.client.messages import Buffer, FragmentHandler
+from slipstream.client.owner import ResourceOwner
 from slipstream.client.policy import (
     BLOCK_SPIN_NS,
     BLOCK_YIELD_NS,
     DEFAULT_BLOCK_TIMEOUT_NS,
     INVOKER_PACE_SLICE_NS,
     PACE_SLICE_NS,
+    OfferPolicy,
+    TokenBucket,
 )
 
-if TYPE_CHECKING:
-    from slipstream.client.channel import PolicySpec
-    from slipstream.client.messages import FragmentHandler
-    from slipstream.client.policy import TokenBucket
-    from slipstream.client.publication import Buffer, Publication
-    from slipstream.client.subscription import Subscription
+
+class Publication(Protocol):
+    """What the async calls use of a :class:`~slipstream.client.publication.Publication`,
+    which calls them (they run its own offers and waits)."""
+
+    channel: str
+    stream_id: int
+    policy: PolicySpec | None
+    _policy: OfferPolicy | None
+    _client: ResourceOwner
+    _log: LogBuffer
+    _appender: Any  # ss_appender_t *
+    _durable_cells: tuple[Any, ...] | None
+    _async_turns: int
+    _attempt: Callable[[Buffer, int], int]
+
+    @property
+    def is_closed(self) -> bool: ...
+    @property
+    def durable_position(self) -> int | None: ...
+    def _wake_durable_waiters(self) -> None: ...
+
+
+class Subscription(Protocol):
+    """What the async calls use of a :class:`~slipstream.client.subscription.Subscription`,
+    which calls them."""
+
+    _client: ResourceOwner
+    _async_turns: int
+    _async_pending: deque[bytes]
+    _before_read_due: bool
+
+    @property
+    def is_closed(self) -> bool: ...
+    def _poll(self, handler: FragmentHandler, fragment_limit: int) -> tuple[int, bool]: ...
+    def wait_for_data(self, timeout_ns: int, spin_ns: int | None = None) -> bool: ...
+    def _wake_waiters(self) -> None: ...
 
 #: The longest one park in a worker thread lasts before the task looks again (a close, a lost
 #: driver and new images wake it sooner).

@@ -34,13 +34,12 @@ from slipstream.client.channel import (
     keys_for_the_other_side,
     parse_channel,
 )
-from slipstream.client.counters import (
-    Counter,
-    CountersFile,
+from slipstream.client.counter_record import (
     check_client_type_id,
     check_counter_key,
     encode_counter_label,
 )
+from slipstream.client.counters import Counter, CountersFile
 from slipstream.client.errors import (
     ChannelRejectedError,
     ChannelWarning,
@@ -53,6 +52,7 @@ from slipstream.client.errors import (
 )
 from slipstream.client.image import Image
 from slipstream.client.logbuffer import LogBuffer
+from slipstream.client.owner import Handle
 from slipstream.client.policy import BackPressureEpisode, policy_of
 from slipstream.client.publication import ExclusivePublication, Publication
 from slipstream.client.subscription import Subscription
@@ -631,7 +631,7 @@ class Client:
         if self._driver_lost is not None:
             raise self.driver_lost_error()
 
-    def _doorbell_fd(self, channel: str, name: str) -> int:
+    def doorbell_fd(self, channel: str, name: str) -> int:
         """For a network channel (a spy's too), the fd of a socket connected to the driver's
         doorbell ``name`` (opened once per client); -1 for IPC (nothing to ring)."""
         if not channel.startswith(("aeron:udp", "aeron-spy:aeron:udp")):
@@ -735,7 +735,7 @@ class Client:
         log_buffer = LogBuffer(reply["log_file"])
         publication = kind(self, channel, stream_id, reply["registration_id"], log_buffer,
                            reply["publication_limit_counter_id"],
-                           self._doorbell_fd(channel, control.SENDER_DOORBELL),
+                           self.doorbell_fd(channel, control.SENDER_DOORBELL),
                            policy=spec, drops_counter_id=reply.get("drops_counter_id"),
                            durable_counter_ids=_durable_counter_ids(reply))
         publication.on_back_pressure = on_back_pressure
@@ -785,10 +785,10 @@ class Client:
         """A counter this client owns (Aeron's ``addCounter``), in the driver's counters file
         where ``slipstream stat``, the metrics exporter and other processes read it
         (``CountersFile.find(type_id, key)``).  ``type_id``: what it counts, an int in
-        0..2**31-1 that is not one of the driver's own (``counters.DRIVER_TYPE_IDS``: 0..99
-        and 1000..1099); ``label``: for people, at most ``counters.LABEL_MAX_LENGTH`` bytes of
+        0..2**31-1 that is not one of the driver's own (``counter_record.DRIVER_TYPE_IDS``: 0..99
+        and 1000..1099); ``label``: for people, at most ``counter_record.LABEL_MAX_LENGTH`` bytes of
         UTF-8; ``key``: what a reader finds it by (a recording id, say), at most
-        ``counters.KEY_MAX_LENGTH`` bytes.  Each is refused by name
+        ``counter_record.KEY_MAX_LENGTH`` bytes.  Each is refused by name
         (:class:`InvalidArgumentError`) before the driver is asked.
 
         The driver frees it when it is closed, when this client closes, or when the driver
@@ -821,8 +821,7 @@ class Client:
                     self._request({"type": control.REMOVE_COUNTER,
                                    "registration_id": counter.registration_id})
 
-    def _destination_request(self, command: str, owner: Publication | Subscription,
-                             endpoint_channel: str) -> None:
+    def destination_request(self, command: str, owner: Handle, endpoint_channel: str) -> None:
         """ADD_DESTINATION or REMOVE_DESTINATION of a publication's endpoint, or
         ADD_RCV_DESTINATION or REMOVE_RCV_DESTINATION of a subscription's."""
         if not isinstance(endpoint_channel, str):
@@ -833,14 +832,16 @@ class Client:
         self._request({"type": command, "registration_id": owner.registration_id,
                        "channel": endpoint_channel})
 
-    def _release_publication(self, publication: Publication) -> None:
-        self._release(self._publications, publication.registration_id,
-                      control.REMOVE_PUBLICATION, publication._unmap)
+    def release_publication(self, registration_id: int, unmap: Callable[[], None]) -> None:
+        """REMOVE_PUBLICATION; ``unmap()`` its log after the linger (:meth:`_release`)."""
+        self._release(self._publications, registration_id, control.REMOVE_PUBLICATION, unmap)
 
-    def _release_subscription(self, subscription: Subscription) -> None:
-        # A poll may be running in C on the polling thread: its images' logs linger too.
-        self._release(self._subscriptions, subscription.registration_id,
-                      control.REMOVE_SUBSCRIPTION, subscription.release_gone_images)
+    def release_subscription(self, registration_id: int,
+                             release_images: Callable[[], None]) -> None:
+        """REMOVE_SUBSCRIPTION; ``release_images()`` after the linger: a poll may be running
+        in C on the polling thread (:meth:`_release`)."""
+        self._release(self._subscriptions, registration_id, control.REMOVE_SUBSCRIPTION,
+                      release_images)
 
     def _release(self, table: dict[int, Any], registration_id: int, command: str,
                  unmap: Callable[[], None]) -> None:
@@ -979,7 +980,7 @@ class Client:
             os.close(self._notices)
         if stage in (_THREAD_SKIPPED, _THREAD_ENDED):
             self._socket.close(0)
-        # As the logs (_release_publication): a thread still inside offer_batch or a claim
+        # As the logs (release_publication): a thread still inside offer_batch or a claim
         # (no GIL) reads pub-lmt from the counters and may ring a doorbell; closed at once,
         # the counters would be unmapped under it and the doorbell's fd reused by another
         # socket of the application.

@@ -34,6 +34,11 @@ from pathlib import Path
 from typing import Any, Final, Literal, overload
 
 from slipstream.client.channel import MAX_URI_LENGTH
+from slipstream.client.counter_record import (
+    check_client_type_id,
+    decode_counter_key,
+    encode_counter_label,
+)
 from slipstream.client.errors import DriverError, InvalidArgumentError
 from slipstream.client.layout import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 
@@ -388,26 +393,6 @@ def _pid(field: str, value: object) -> object:
     return _check_int(field, value, (0, INT32_MAX))
 
 
-# A counter's fields are checked by the counters file's own rules (its layout's limits): the
-# module imports this one, so it is imported when a command is checked.
-def _counter_type_id(field: str, value: object) -> object:
-    from slipstream.client.counters import check_client_type_id
-
-    return check_client_type_id(field, value)
-
-
-def _counter_label(field: str, value: object) -> object:
-    from slipstream.client.counters import encode_counter_label
-
-    return encode_counter_label(field, value)
-
-
-def _counter_key(field: str, value: object) -> object:
-    from slipstream.client.counters import decode_counter_key
-
-    return decode_counter_key(field, value)
-
-
 _process_token = secrets.randbits(63)
 
 
@@ -448,8 +433,8 @@ COMMAND_FIELDS: dict[str, dict[str, Any]] = {
                           "channel": check_channel},
     REMOVE_RCV_DESTINATION: {"correlation_id": _int64, "registration_id": _int64,
                              "channel": check_channel},
-    ADD_COUNTER: {"correlation_id": _int64, "type_id": _counter_type_id,
-                  "label": _counter_label, "key": _counter_key},
+    ADD_COUNTER: {"correlation_id": _int64, "type_id": check_client_type_id,
+                  "label": encode_counter_label, "key": decode_counter_key},
     REMOVE_COUNTER: {"correlation_id": _int64, "registration_id": _int64},
 }
 
