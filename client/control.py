@@ -24,6 +24,8 @@ DRIVER_SHUTDOWN, BACK_PRESSURE_EPISODE.  PUBLICATION_READY and SUBSCRIPTION_READ
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import grp
 import json
 import os
@@ -39,7 +41,7 @@ from slipstream.client.counter_record import (
     decode_counter_key,
     encode_counter_label,
 )
-from slipstream.client.errors import DriverError, InvalidArgumentError
+from slipstream.client.errors import DriverError, DriverNotRunningError, InvalidArgumentError
 from slipstream.client.layout import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 
 PROTOCOL_VERSION = 5  # 5: client counters, and the counters file's version 2
@@ -291,6 +293,35 @@ def parse_lock(data: bytes) -> tuple[bool, int | None, bool]:
     fields = dict(line.partition(": ")[::2] for line in lines[1:])
     pid = fields.get("pid", "")
     return True, int(pid) if pid.isdigit() else None, fields.get("created") == "yes"
+
+
+def driver_holds_lock(directory: Path) -> bool:
+    """Whether a live process holds the driver lock (a crashed driver's lock is released).
+    Raises :class:`DriverError` naming the directory's owner when this process may not open
+    the lock: another user's driver (:func:`foreign_directory_error`)."""
+    try:
+        fd = os.open(directory / LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    except PermissionError:
+        owner = None
+        for path in (directory, directory.parent):  # the parent: when even the directory
+            with contextlib.suppress(OSError):      # cannot be looked at
+                owner = os.stat(path).st_uid
+                break
+        if owner is None:
+            raise DriverNotRunningError(str(directory), "this process may not look into it "
+                                                        "(permission denied)") from None
+        raise foreign_directory_error(directory, owner) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 def lock_holder_pid(directory: str | os.PathLike[str]) -> int | None:

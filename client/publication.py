@@ -234,8 +234,9 @@ class Publication:
                  log: LogBuffer, limit_counter_id: int, doorbell_fd: int = -1, *,
                  policy: PolicySpec | None = None, drops_counter_id: int | None = None,
                  durable_counter_ids: tuple[int, int] | None = None) -> None:
-        """``doorbell_fd``: for a network stream, the driver sender's doorbell (rung on new
-        data while the sender is parked); -1 for IPC.  ``policy``: what an offer does without
+        """``client``: the client conductor that made it.  ``doorbell_fd``: for a network
+        stream, the driver sender's doorbell (rung on new data while the sender is parked);
+        -1 for IPC.  ``policy``: what an offer does without
         credit (None: Aeron's codes); ``drops_counter_id``: the stream's ``pub-drops``;
         ``durable_counter_ids``: with ``durable=``, its ``pub-durable`` and ``durable-rcv``."""
         self.channel = channel

@@ -51,6 +51,7 @@ class Subscription:
     def __init__(self, client: ResourceOwner, channel: str, stream_id: int, registration_id: int,
                  on_available_image: Callable[[Image], object] | None = None,
                  on_unavailable_image: Callable[[Image], object] | None = None) -> None:
+        """``client``: the client conductor that makes it (Client.add_subscription)."""
         self.channel = channel
         self.stream_id = stream_id
         self.registration_id = registration_id
