@@ -536,12 +536,8 @@ class ClientConductor:
                            policy=policy, drops_counter_id=reply.get("drops_counter_id"),
                            durable_counter_ids=_durable_counter_ids(reply))
         publication.on_back_pressure = on_back_pressure
-        with self._lock:
-            if self._closing or self._driver_lost is not None:  # close() ran meanwhile
-                publication._mark_closed()
-                self._check_open()
-                raise ClosedError("the client is closing")
-            self._publications[publication.registration_id] = publication
+        self._hold(self._publications, publication.registration_id, publication,
+                   publication._mark_closed)
         return publication
 
     def add_subscription(self, channel: str, stream_id: int,
@@ -576,13 +572,19 @@ class ClientConductor:
                               lambda: self._proxy.add_counter(type_id, label, key))
         counter = Counter(self.counters, reply["counter_id"], reply["registration_id"],
                           type_id=type_id, label=label, key=key, release=self._release_counter)
+        self._hold(self._counters, counter.registration_id, counter, counter._mark_closed)
+        return counter
+
+    def _hold(self, table: dict[int, Any], registration_id: int, resource: object,
+              mark_closed: Callable[[], None]) -> None:
+        """Keep a new ``resource`` in ``table``; if close() ran meanwhile (or the driver
+        went), ``mark_closed()`` it and raise instead."""
         with self._lock:
-            if self._closing or self._driver_lost is not None:  # close() ran meanwhile
-                counter._mark_closed()
+            if self._closing or self._driver_lost is not None:
+                mark_closed()
                 self._check_open()
                 raise ClosedError("the client is closing")
-            self._counters[counter.registration_id] = counter
-        return counter
+            table[registration_id] = resource
 
     def _release_counter(self, counter: Counter) -> None:
         """REMOVE_COUNTER (unless closed or cut off: the driver frees it with the client).  No
