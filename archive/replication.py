@@ -182,8 +182,8 @@ class Replicator:
         settings = service.settings
         self._service = service
         self._peers = [_Peer(peer) for peer in settings.peers]
-        self._interval_ns = settings.replication_interval_ns
-        self._timeout_s = settings.replication_timeout_ns / 1e9
+        self._interval_ns = settings.replication_interval
+        self._timeout_s = settings.replication_timeout / 1e9
         self._reply_address = settings.replication_address
         # Not the peer's port, as a caller elsewhere would: that is this archive's own
         # control port too when both use the same (the usual case).  A keyed peer's answers
@@ -505,7 +505,7 @@ class Replicator:
             recording = Recording(
                 service.catalog, service.directory, image, fetch.spec.channel,
                 segment_length=settings.segment_length, sync=settings.sync,
-                sync_interval_ns=settings.sync_interval_ns,
+                sync_interval_ns=settings.sync_interval,
                 block_length=settings.block_length, on_position=service.position_moved,
                 write_behind=settings.write_behind,
                 source_identity=f"replica of recording {descriptor.recording_id} at {peer}",

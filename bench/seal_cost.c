@@ -1,4 +1,4 @@
-/* What the data path's sealing costs beyond the cipher (docs/PROTOCOL.md §7.8): the real
+/* What the data path's sealing costs beyond the cipher (docs/CHANNELS.md §7.8): the real
  * network_crypto.c, compiled into this program, seals `count` datagrams of `size` bytes
  * through ss_crypto_send in batches of `batch` (as an endpoint's sendmmsg hands them over)
  * and opens each batch's last with ss_crypto_open, once the two contexts exchanged their

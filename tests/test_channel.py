@@ -1,4 +1,4 @@
-"""Channel URIs (docs/PROTOCOL.md §7): every parameter, errors naming the bad part, multicast."""
+"""Channel URIs (docs/CHANNELS.md §7): every parameter, errors naming the bad part, multicast."""
 
 from __future__ import annotations
 

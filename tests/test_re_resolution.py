@@ -1,4 +1,4 @@
-"""When host names in channels are resolved again (docs/PROTOCOL.md §7.2): the schedule of
+"""When host names in channels are resolved again (docs/CHANNELS.md §7.2): the schedule of
 :class:`~slipstream.daemon.media.names.NameWatch`, with time as an argument.  Its users are
 the conductor's unicast send endpoints whose ``endpoint=`` is a name; the driver's runner
 resolves what it asks for off the conductor's loop (tests/test_names.py: a resolver that

@@ -856,7 +856,7 @@ class DriverConductor:
             return min(deadline, self._last_cycle_ns + EPISODE_SAMPLE_INTERVAL_NS)
         return deadline
 
-    # -- graceful drain (pause credit, never fill a buffer: docs/PROTOCOL.md §6.2) -------------
+    # -- graceful drain (pause credit, never fill a buffer: docs/DRIVER.md §6.2) -------------
     def begin_drain(self, now_ns: int) -> None:
         """Stop granting credit: every offer from now on is back-pressured.  What the logs
         already hold is still sent and read; :meth:`drain` says when that is done."""
@@ -947,7 +947,7 @@ _NOT_CARRIED_YET: tuple[tuple[str, Callable[[Channel, bool], bool], str], ...] =
      "image went do not come back)"),
     # control-mode=manual on a subscription is a multi-destination subscription
     # (daemon/conductor/network_receive.py, add_receive_destination).
-    # Response channels are aeron:udp's here (docs/PROTOCOL.md §7.6); Aeron also has them
+    # Response channels are aeron:udp's here (docs/CHANNELS.md §7.6); Aeron also has them
     # between IPC publications and subscriptions.
     ("control-mode", lambda c, _: c.is_response and c.is_ipc,
      "response channels on aeron:ipc (control-mode=response: slipstream carries them on "

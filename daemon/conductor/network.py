@@ -9,7 +9,7 @@ done, an endpoint was removed).  A resource is freed only on the event that says
 longer uses it, so the network thread never touches an unmapped log.  As in Aeron
 (DriverConductor / Sender / Receiver): the threads share no mutable object except through
 these queues, and position counters (and each publication's spy hold, a position cell this
-thread lowers while it links a spy: docs/PROTOCOL.md §3.7).
+thread lowers while it links a spy: docs/DRIVER.md §3.7).
 
 :class:`NetworkConductor` is a facade: it makes the agents, their proxies and the entry
 dictionaries, and hands each part what it needs of them.  Every part runs on the conductor's
@@ -217,7 +217,7 @@ class NetworkConductor:
         """The session ids of the network publications (a count of each)."""
         return self._send_side.session_ids
 
-    # -- host names resolved again (docs/PROTOCOL.md §7.2) ----------------------------------
+    # -- host names resolved again (docs/CHANNELS.md §7.2) ----------------------------------
     def names_due(self, now_ns: int) -> list[str]:
         """The host names to resolve again now (those whose peers are silent), for the
         driver's runner to resolve off this thread and hand to :meth:`on_names_resolved`."""

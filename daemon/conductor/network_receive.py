@@ -205,7 +205,7 @@ class ReceiveSide:
             self.receiver_proxy.on_add_endpoint(endpoint)
             if (given_control is not None and given_control.ip is None
                     and receive_channel.joins_at_control and channel.control is not None):
-                # A name: the publisher it joins may move (docs/PROTOCOL.md §7.2).
+                # A name: the publisher it joins may move (docs/CHANNELS.md §7.2).
                 watched = entry
                 self.names.watch(entry, given_control.host, channel.control.host,
                                  lambda: self._in_contact(watched), now_ns)
@@ -273,7 +273,7 @@ class ReceiveSide:
         self.receiver_proxy.on_set_interest(
             channel, stream_id, None if sessions is None else frozenset(sessions))
 
-    # -- response subscriptions (docs/PROTOCOL.md §7.6) --------------------------------------
+    # -- response subscriptions (docs/CHANNELS.md §7.6) --------------------------------------
     def on_response_setup(self, event: ResponseSetupArrived) -> None:
         """An RSP_SETUP reached a request publication: its response subscription takes the
         session it names, and its endpoint asks that session's publication for SETUP (Aeron's

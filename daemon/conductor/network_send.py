@@ -1,6 +1,6 @@
 """The network side's send half: network publications, their send endpoints, a
 multi-destination-cast endpoint's destinations (manual ones added by the client; dynamic ones
-the sender learns), response publications (docs/PROTOCOL.md §7.6), and what the pressure
+the sender learns), response publications (docs/CHANNELS.md §7.6), and what the pressure
 governor samples of the publications.
 
 Owns what the conductor keeps of each publication (:class:`_PublicationEntry`: its log, its
@@ -428,7 +428,7 @@ class SendSide:
         """The name of ``endpoint``'s peer resolved to ``new`` (it sent to ``old``): the
         sender connects its socket there (its publications' SETUP, heartbeats and data go
         there from the next duty cycle), the endpoint is found by its new address from now
-        on, and RESOLUTION_CHANGES counts it (docs/PROTOCOL.md §7.2)."""
+        on, and RESOLUTION_CHANGES counts it (docs/CHANNELS.md §7.2)."""
         ((_, port), interface), sealing = endpoint.key
         address: Address = (new, port)
         self.sender_proxy.on_resolution_change(endpoint.endpoint, address)
@@ -480,7 +480,7 @@ class SendSide:
     def on_destination_moved(self, named: _NamedDestination, old: str, new: str) -> None:
         """The name of a manual destination resolved to ``new`` (it was sent to at ``old``):
         the endpoint sends to the new address in its place (the sender's table: removed,
-        then added, in one pass), and RESOLUTION_CHANGES counts it (docs/PROTOCOL.md §7.4)."""
+        then added, in one pass), and RESOLUTION_CHANGES counts it (docs/CHANNELS.md §7.4)."""
         endpoint = named.endpoint
         uri = endpoint.manual_destinations.pop(named.address, None)
         if uri is None or endpoint.state is not _EndpointState.OPEN:
@@ -516,7 +516,7 @@ class SendSide:
         if entry.destinations_counter_id is not None:
             self.counters.free(entry.destinations_counter_id)
 
-    # -- response channels (docs/PROTOCOL.md §7.6) -------------------------------------------
+    # -- response channels (docs/CHANNELS.md §7.6) -------------------------------------------
     def _check_response_keys(self, channel: Channel) -> _ImageEntry | None:
         """A publication's response keys, checked before anything is made (Aeron's
         validateResponseSubscription and findResponsePublicationImage): a response

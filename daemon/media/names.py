@@ -14,7 +14,7 @@ conductor's schedule of names to resolve again (Aeron's re-resolution).  Every
 ``name_re_resolution_interval`` it names those whose users lost contact with their peer; the
 driver's runner resolves them in a thread, as above, and hands the answers back
 (:meth:`NameWatch.answered`), which says whose address changed.  The conductor, which only
-ever handles IP literals, applies the new address (docs/PROTOCOL.md §7.2).
+ever handles IP literals, applies the new address (docs/CHANNELS.md §7.2).
 """
 
 from __future__ import annotations

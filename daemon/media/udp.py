@@ -8,7 +8,7 @@ This is the I/O shell of the network stack (the sans-I/O core never sees a socke
   through the same send point in C (:mod:`~slipstream.daemon.media.send_point`), and receives
   the status messages, NAKs and RTTMs that come back with ``recvmmsg`` in C.  Unicast: bound
   to ``control=``, else to ``interface=`` (its port, if it names one: Aeron's local address),
-  else to an ephemeral port, and connected to the endpoint.  Multicast (docs/PROTOCOL.md
+  else to an ephemeral port, and connected to the endpoint.  Multicast (docs/CHANNELS.md
   §7.2): bound to the control group (data group + 1, same port) which it joins, sending to the
   data group;
 * a **receive endpoint** (one per address subscribed to) receives with ``recvmmsg`` in C, which
@@ -396,7 +396,7 @@ class UdpSendTransport(_UdpTransport):
         taken = self._control.dispatch(channel.c, now_ns, channel.on_control)
         if channel.c.handshake_taken:
             # A receiver may just have got its session, having dropped the SETUP that made it
-            # ask (docs/PROTOCOL.md §7.8).
+            # ask (docs/CHANNELS.md §7.8).
             channel.c.handshake_taken = 0
             for publication in channel.publications.values():
                 publication.on_peer_handshake(now_ns)
@@ -465,7 +465,7 @@ class UdpReceiveTransport(_UdpTransport):
             return 0
         if receiver.handshake_taken:
             # A publication may just have got this endpoint's session, having dropped the
-            # joining SM that made it ask (docs/PROTOCOL.md §7.8).
+            # joining SM that made it ask (docs/CHANNELS.md §7.8).
             receiver.handshake_taken = 0
             channel.on_peer_handshake(now_ns)
         return self._receive.dispatch(receiver, now_ns, channel.on_control)

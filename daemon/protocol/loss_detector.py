@@ -1,4 +1,4 @@
-"""Loss detection and NAK timing on the receiver (docs/PROTOCOL.md §4.4; aeron_loss_detector.c).
+"""Loss detection and NAK timing on the receiver (docs/DRIVER.md §4.4; aeron_loss_detector.c).
 
 The image calls :meth:`LossDetector.scan` on each rebuild pass with its rebuild position and
 high-water mark.  One C call (``ss_loss_scan``, daemon/network_loss.c) finds the gaps between them,
