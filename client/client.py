@@ -32,7 +32,9 @@ from slipstream.client.channel import (
     parse_channel,
 )
 from slipstream.client.conductor import RESOURCE_LINGER_S, ClientConductor
-from slipstream.client.control import driver_holds_lock as _driver_holds_lock
+from slipstream.client.control import (  # by this name for `slipstream stat` too
+    driver_holds_lock as _driver_holds_lock,
+)
 from slipstream.client.counter_record import (
     check_client_type_id,
     check_counter_key,
