@@ -32,9 +32,6 @@ from slipstream.client.channel import (
     parse_channel,
 )
 from slipstream.client.conductor import RESOURCE_LINGER_S, ClientConductor
-from slipstream.client.control import (  # by this name for `slipstream stat` too
-    driver_holds_lock as _driver_holds_lock,
-)
 from slipstream.client.counter_record import (
     check_client_type_id,
     check_counter_key,
@@ -156,7 +153,7 @@ class Client:
         if not path.is_dir():
             raise DriverNotRunningError(str(path), "the directory does not exist")
         control.check_directory_access(path)  # another user's: say so, not PermissionError
-        if not _driver_holds_lock(path) or not counters_path.exists():
+        if not control.driver_holds_lock(path) or not counters_path.exists():
             raise DriverNotRunningError(str(path), "no driver holds its lock")
         conductor = ClientConductor(path, request_timeout=timeout, idle_spin_ns=idle_spin_ns,
                                     spins_before_yield=spins_before_yield, invoker=invoker,
