@@ -389,8 +389,8 @@ typedef struct {
      * + trip_gain - term_window_length; trip_gain is Aeron's window / 8), or while cleaning
      * is behind, the log is cleaned a
      * chunk toward one term behind snd-pos and pub-lmt goes to min(snd-pos + term_window,
-     * what cleaning allows).  The Python half's pub-lmt rule reads and writes the same
-     * fields (last_publisher_limit, the cleaner). */
+     * what cleaning allows): ss_publication_limit_step, which the Python half runs
+     * otherwise. */
     int32_t limit_in_c;
     int64_t *publisher_limit;     /* the pub-lmt cell */
     int64_t last_publisher_limit;
@@ -457,6 +457,13 @@ int64_t ss_retransmit_credit(ss_send_publication_t *p, int64_t now_ns);
  * after the caller's last store to snd-pos (a full fence) against the conductor's lowering of
  * spy_hold: either the hold is seen here, or the conductor sees this snd-pos after it. */
 int64_t ss_publication_consumer_position(const ss_send_publication_t *p);
+/* pub-lmt's rule, one step of it: clean a chunk toward one term behind the consumer position
+ * (ss_publication_consumer_position), then raise pub-lmt to min(that position + the term
+ * window, what cleaning allows, limit_cap) once that is a step (trip_gain) above
+ * last_publisher_limit.  limit_cap: SS_NO_DEADLINE for none, the drain's credit stop, or a
+ * value below every position (offers refused: the cleaning alone).  The C half runs it while
+ * limit_in_c, the Python half otherwise.  Returns the work done (chunks cleaned, a step). */
+int32_t ss_publication_limit_step(ss_send_publication_t *p, int64_t limit_cap);
 /* The slowest spy's position, each bounded by `bound` (ss_subscriber_position_bounded);
  * `bound` when there is none. */
 int64_t ss_publication_slowest_spy(const ss_send_publication_t *p, int64_t bound);

@@ -537,25 +537,28 @@ static inline int limit_step_due(const ss_send_publication_t *p) {
                p->last_publisher_limit + p->trip_gain - p->term_window_length;
 }
 
-/* pub-lmt's steps for the publications whose limit the C half moves (limit_in_c): clean a
- * chunk toward one term behind the consumer position (snd-pos, or a slower spy), then raise
- * pub-lmt to that position + the term window, never past what cleaning allows, once that is a
- * step (trip_gain) above the last. */
+int32_t ss_publication_limit_step(ss_send_publication_t *p, int64_t limit_cap) {
+    const int64_t position = ss_publication_consumer_position(p);
+    int32_t work = ss_clean_toward(p->cleaner, p->log, p->term_length, p->position_bits, position);
+    int64_t limit = position + p->term_window_length;
+    const int64_t reusable = ss_reusable_limit(p->cleaner, p->term_length);
+    if (reusable < limit) limit = reusable;
+    if (limit_cap < limit) limit = limit_cap;
+    if (limit >= p->last_publisher_limit + p->trip_gain) {
+        p->last_publisher_limit = limit;
+        ss_publish_limit(p->publisher_limit, limit, p->meta);
+        work++;
+    }
+    return work;
+}
+
+/* pub-lmt's steps for the publications whose limit the C half moves (limit_in_c), with no
+ * cap: they take offers and their credit is not stopped. */
 static int32_t publisher_limits(ss_agent_t *a) {
     int32_t work = 0;
     for (int32_t i = 0; i < a->publication_count; i++) {
         ss_send_publication_t *p = a->publications[i];
-        if (!limit_step_due(p)) continue;
-        const int64_t position = ss_publication_consumer_position(p);
-        work += ss_clean_toward(p->cleaner, p->log, p->term_length, p->position_bits, position);
-        int64_t limit = position + p->term_window_length;
-        const int64_t reusable = ss_reusable_limit(p->cleaner, p->term_length);
-        if (reusable < limit) limit = reusable;
-        if (limit >= p->last_publisher_limit + p->trip_gain) {
-            p->last_publisher_limit = limit;
-            ss_publish_limit(p->publisher_limit, limit, p->meta);
-            work++;
-        }
+        if (limit_step_due(p)) work += ss_publication_limit_step(p, SS_NO_DEADLINE);
     }
     return work;
 }

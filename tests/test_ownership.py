@@ -132,6 +132,40 @@ def test_every_rule_names_a_flag_of_its_streams_c_struct() -> None:
         assert rule.default in (ownership.PYTHON, ownership.C)
 
 
+#: What each rule written once left behind in the Python half: text of the copy it had, which
+#: must not come back (the rule's one copy is its C function).
+REMOVED_PYTHON_COPIES = {
+    "ss_publication_limit_step": ("publication.py",
+                                  "self._last_publisher_limit + self._trip_gain:"),
+}
+
+
+def _c_sources() -> dict[str, str]:
+    return {path.name: path.read_text() for path in (ROOT / "daemon").glob("network*.c")}
+
+
+def test_a_rule_written_once_is_one_exported_c_function_that_both_halves_run() -> None:
+    """The function is the data path's (daemon/network_*.c, which its duty cycle runs), and
+    the Python half calls the same function through the extension: one copy of the rule,
+    whichever half runs it."""
+    header = (ROOT / "daemon" / "network.h").read_text()
+    python = "\n".join(path.read_text() for path in sorted(
+        [*(ROOT / "daemon").rglob("*.py"), *(ROOT / "sim").rglob("*.py")]))
+    sources = _c_sources()
+    once = [rule for rule in ownership.RULES if rule.written_once]
+    assert once, "no rule is written once"
+    for rule in once:
+        name = rule.written_once
+        assert hasattr(network, name) and re.search(rf"\b{name}\(", header), name
+        assert any(re.search(rf"^\w+ \**{name}\(", text, re.M) for text in sources.values()), \
+            f"{name}: not defined in daemon/network_*.c"
+        assert f"network.{name}(" in python, f"{name}: the Python half does not run it"
+    for name, (module, copy) in REMOVED_PYTHON_COPIES.items():
+        assert any(rule.written_once == name for rule in ownership.RULES), name
+        source = (ROOT / "daemon" / "streams" / module).read_text()
+        assert copy not in source, f"{module} has a copy of {name} again"
+
+
 # -- an image ---------------------------------------------------------------------------------
 def _setup(flags: int = 0) -> bytes:
     return Setup(0, 1, 2, 100, 100, TERM, 1408, 0, flags).encode()

@@ -60,6 +60,10 @@ class Rule:
     c_predicate: str = ""
     #: Not the stream's one function's to set: who sets the flag instead.
     set_elsewhere: str = ""
+    #: The rule's one copy, an exported C function (daemon/network.h) that both halves run:
+    #: the C duty cycle while the flag hands the rule to it, the Python half otherwise.
+    #: Empty while each half still has its own copy.
+    written_once: str = ""
 
     def when_set(self) -> str:
         if self.set_elsewhere:
@@ -79,7 +83,7 @@ RULES: tuple[Rule, ...] = (
          "ACTIVE, connected, taking offers, no credit stop",
          "close (DRAINING), the connection lost, the governor refusing offers, the drain's "
          "credit stop",
-         at_once=True),
+         at_once=True, written_once="ss_publication_limit_step"),
     Rule(PUBLICATION, "heartbeats", PYTHON, "heartbeat_in_c",
          "a socket, the first SM came, not at its end of stream",
          "the end of stream (LINGER: the EOS-flagged heartbeats)",
@@ -98,7 +102,7 @@ RULES: tuple[Rule, ...] = (
          "no `retransmit_unicast_delay`; until DONE (`answers_naks`)",
          "a delay (every NAK waits on Python's timer); DONE",
          at_once=False,
-         set_elsewhere="when made (RetransmitHandler)"),
+         set_elsewhere="when made (RetransmitHandler)", written_once="ss_retransmit_on_nak"),
     Rule(IMAGE, "the rebuild pass: gaps, NAK timers, NAKs, the loss report", PYTHON,
          "rebuild_in_c",
          "reliable, unicast NAK delay, static cc, not left behind, INIT/ACTIVE/DRAINING; "
@@ -129,7 +133,7 @@ RULES: tuple[Rule, ...] = (
          "static cc, a subscriber",
          "congestion control to consult, no subscriber (SMs follow rcv-pos): a pass per "
          "arrival",
-         at_once=True),
+         at_once=True, written_once="ss_receiver_on_datagram"),
 )
 
 
@@ -145,12 +149,14 @@ def flags_set_by_sync(stream: str) -> frozenset[str]:
 def markdown() -> str:
     """The table as docs/ARCHITECTURE.md shows it."""
     lines = ["| stream | rule | by default | flag | the C half runs it while | handed back by "
-             "| flag set | C's last word |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| flag set | C's last word | written once |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for rule in RULES:
         predicate = f"`{rule.c_predicate}`" if rule.c_predicate else ""
+        once = f"`{rule.written_once}`" if rule.written_once else "no: a copy in each half"
         lines.append(f"| {rule.stream} | {rule.rule} | {rule.default} | `{rule.flag}` | "
-                     f"{rule.c_runs_it} | {rule.handed_back} | {rule.when_set()} | {predicate} |")
+                     f"{rule.c_runs_it} | {rule.handed_back} | {rule.when_set()} | {predicate} "
+                     f"| {once} |")
     return "\n".join(lines) + "\n"
 
 

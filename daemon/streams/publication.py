@@ -107,6 +107,8 @@ from slipstream.daemon.streams.states import (
 #: AERON_NETWORK_PUBLICATION_SETUP_TIMEOUT_NS / _HEARTBEAT_TIMEOUT_NS.
 SETUP_TIMEOUT_NS = 100_000_000
 HEARTBEAT_TIMEOUT_NS = network.SS_HEARTBEAT_TIMEOUT_NS
+#: ``ss_publication_limit_step``'s cap below every position: offers refused, cleaning only.
+_REFUSING = -NO_DEADLINE
 #: ERR reasons a publication keeps for the conductor between two passes of its sender.
 REJECTIONS_PER_PASS_MAX = 16
 
@@ -956,18 +958,12 @@ class NetworkPublication:
             self.log.signal_publishers()  # a publisher waiting to connect, or for credit
 
     def _update_publisher_limit(self) -> None:
-        """pub-lmt = snd-pos + term window, moved in steps of window/8 (Aeron's trip gain) and
-        never past what cleaning allows; the log is cleaned one term behind snd-pos first.
-        A spy slower than snd-pos takes its place (:meth:`consumer_position`)."""
-        consumer_position = self.consumer_position()
-        self.cleaner.clean_toward(consumer_position)
-        if self._refusing_offers:
-            return
-        limit = min(consumer_position + self.term_window_length, self.cleaner.reusable_limit())
-        if self.credit_stop_position is not None:
-            limit = min(limit, self.credit_stop_position)
-        if limit >= self._last_publisher_limit + self._trip_gain:
-            self._set_publisher_limit(limit)
+        """pub-lmt's rule (``ss_publication_limit_step``, the C half's): clean toward one term
+        behind the consumer position, then pub-lmt = that position + term window in steps of
+        window/8 (Aeron's trip gain), never past what cleaning allows nor the drain's credit
+        stop; while offers are refused, the cleaning alone."""
+        cap = NO_DEADLINE if self.credit_stop_position is None else self.credit_stop_position
+        network.ss_publication_limit_step(self.c, _REFUSING if self._refusing_offers else cap)
 
     def apply_pressure_step(self, step: int) -> None:
         """The governor's step: from step 1 new data short of a datagram waits a little for
