@@ -646,7 +646,8 @@ typedef struct {
      * runs it on data past a gap and when a gap's timer is due, without the Python half. */
     int32_t rebuild_in_c;
     ss_loss_detector_t *loss;     /* the image's detector (Python's LossDetector.c) */
-    int64_t nak_first_delay_ns;   /* the static delay generator's */
+    int64_t nak_first_delay_ns;   /* the delays drawn ahead (LossDetector): the static
+                                   * generator's, or the Python half's draw for its pass */
     int64_t nak_retry_delay_ns;
     int64_t loss_deadline_ns;     /* out: the earliest gap timer after the last C pass */
     uint8_t *loss_entry;          /* the image's loss report entry (NULL: none): C passes
@@ -704,9 +705,14 @@ typedef struct {
 
 /* The rebuild pass (docs/PROTOCOL.md §4.4, aeron_publication_image_track_rebuild): scan from
  * max(rcv-pos, the furthest subscriber) to rcv-hwm, move rcv-pos over every complete frame,
- * and NAK each gap whose timer is due (queued, then sent through control_fd when there is
- * one).  For an image with rebuild_in_c, from the C half or the Python half alike; clears
- * `dirty`.  Returns the NAKs queued. */
+ * keep the gaps' timers (nak_first_delay_ns, nak_retry_delay_ns), record the gaps seen first
+ * in loss_entry, and queue a NAK for each gap whose timer is due (naks, up to
+ * SS_LOSS_GAPS_MAX in all); the detector's fresh_count and due_count say what the pass saw.
+ * Clears `dirty`.  Returns the NAKs queued.  The one copy of the rule: the Python half runs
+ * it for the images it rebuilds (and sends, or for reliable=false pads, what it queued). */
+int32_t ss_image_track_rebuild(ss_image_t *image, int64_t now_ns);
+/* ss_image_track_rebuild, then the queued NAKs sent through control_fd when there is one: the
+ * pass of an image with rebuild_in_c, from the C half or the Python half alike. */
 int32_t ss_image_rebuild(ss_image_t *image, int64_t now_ns);
 
 /* NAK-strength (daemon/flow/rate_control.py): data above the image's first gap counts in its

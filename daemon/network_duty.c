@@ -290,10 +290,11 @@ static void send_naks(ss_image_t *image, int64_t now_ns) {
     image->nak_count = kept;
 }
 
-int32_t ss_image_rebuild(ss_image_t *image, int64_t now_ns) {
+int32_t ss_image_track_rebuild(ss_image_t *image, int64_t now_ns) {
     ss_loss_detector_t *d = image->loss;
     image->dirty = 0; /* before the scan: data that lands during it makes the next pass due */
     if (d == NULL) return 0;
+    d->fresh_count = d->due_count = 0; /* a pass that scans nothing saw no gap */
     const int64_t hwm = LOAD_ACQ(image->receiver_hwm);
     const int64_t term_length = image->term_length;
     const int64_t mask = term_length - 1;
@@ -343,6 +344,11 @@ int32_t ss_image_rebuild(ss_image_t *image, int64_t now_ns) {
         ss_publish_position(image->receiver_position, image->receiver_position_counter, rcv_pos);
     if (rcv_pos > image->contiguous_position) image->contiguous_position = rcv_pos;
     image->loss_deadline_ns = ss_loss_next_deadline(d);
+    return queued;
+}
+
+int32_t ss_image_rebuild(ss_image_t *image, int64_t now_ns) {
+    const int32_t queued = ss_image_track_rebuild(image, now_ns);
     if (queued) send_naks(image, now_ns);
     return queued;
 }

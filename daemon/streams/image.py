@@ -23,9 +23,11 @@ Receiving (docs/PROTOCOL.md §4.3, ``aeron_publication_image_insert_packet``, do
   (FLOW_CONTROL_UNDER_RUNS);
 * a PAD header (alone, or last after DATA frames) raises the hwm to the end of its term.
 
-Rebuild pass (``aeron_publication_image_track_rebuild``, run by :meth:`datagrams_to_send`
-after new data or when a timer is due): scan from ``rebuild = max(rcv_pos, max subscriber
-position)`` to the hwm, advance ``rcv_pos`` over complete frames, NAK each gap after the
+Rebuild pass (``aeron_publication_image_track_rebuild``; its one copy is the C half's
+``ss_image_track_rebuild``, which :meth:`datagrams_to_send` runs after new data or when a
+timer is due for an image the C half does not rebuild itself): scan from ``rebuild =
+max(rcv_pos, max subscriber position)`` to the hwm, advance ``rcv_pos`` over complete
+frames, NAK each gap after the
 NAK delay (static 100 µs for unicast; optimal multicast backoff for group images), or pad it
 for ``reliable=false`` (LOSS_GAP_FILLS).  Then schedule an SM when the minimum subscriber
 position moved past ``last scheduled + window/4`` (the 25 % rule) or the window changed; a
@@ -80,7 +82,6 @@ from slipstream.client.frames import (
 )
 from slipstream.client.layout import NO_DEADLINE, resend_reach
 from slipstream.client.logbuffer import (
-    PARTITION_COUNT,
     LogBuffer,
     compute_position,
     compute_term_id,
@@ -184,7 +185,6 @@ class PublicationImage:
         #: What a sender still resends behind its position (its resend window, docs/PROTOCOL.md
         #: §3.5): a receiver that lacks data further back than this is left behind.
         self._resend_reach = resend_reach(term_length)
-        self._term_ptrs = [log.term_address(i) for i in range(PARTITION_COUNT)]
 
         # -- the receiver thread's: the strategies, loss and cleaning ----------------------
         self.congestion_control = cc
@@ -200,9 +200,7 @@ class PublicationImage:
             delay = params.nak_delay_ns
             generator = StaticDelayGenerator(delay,
                                              delay * settings.nak_unicast_retry_delay_ratio)
-        self.loss_detector = LossDetector(
-            generator, self._on_loss, loss_entry.record if loss_entry is not None else None,
-            adapt_retry=not self.is_group)
+        self.loss_detector = LossDetector(generator, adapt_retry=not self.is_group)
         self._loss_entry = loss_entry
         self.cleaner = LogCleaner(log, join)
         #: NAK-strength signals (rc=), once the sender announced it adapts to them.
@@ -498,24 +496,16 @@ class PublicationImage:
         return len(self._subscriber_positions)
 
     def min_subscriber_position(self) -> int:
-        """The slowest subscriber's position (rcv-pos without subscribers), bytes."""
-        return self._min_max_subscriber_position()[0]
-
-    def _min_max_subscriber_position(self) -> tuple[int, int]:
-        """The subscribers' positions as the driver takes them (clients write these cells):
-        within [0, rcv-hwm] and on the frame alignment, as the C half takes them
-        (``ss_subscriber_position_bounded``)."""
+        """The slowest subscriber's position (rcv-pos without subscribers), bytes, as the
+        driver takes the cells its clients write: within [0, rcv-hwm] and on the frame
+        alignment, as the C half takes them (``ss_subscriber_position_bounded``)."""
         cells = self._subscriber_positions
         if not cells:
-            return self.rcv_pos, self.rcv_pos
+            return self.rcv_pos
         load = lib.ss_load_acquire_i64
         bounded = network.ss_subscriber_position_bounded
         hwm = self.rcv_hwm
-        if len(cells) == 1:
-            p = bounded(load(cells[0]), hwm)
-            return p, p
-        values = [bounded(load(c), hwm) for c in cells]
-        return min(values), max(values)
+        return min(bounded(load(cell), hwm) for cell in cells)
 
     # -- the receiver thread's: state machine ----------------------------------------------
     def _transition(self, event: str, now_ns: int) -> None:
@@ -679,32 +669,15 @@ class PublicationImage:
 
     def _track_rebuild(self, now_ns: int) -> None:
         c = self.c
-        min_sub, max_sub = self._min_max_subscriber_position()
+        min_sub = self.min_subscriber_position()
         hwm = self.rcv_hwm
+        start = self.rcv_pos  # (what congestion control is told; no strategy reads it)
         if self._rebuilt_in_c():
-            start = self.rcv_pos  # read by congestion control only, which this image has not
             network.ss_image_rebuild(c, now_ns)
-            rcv_pos, new_loss = self.rcv_pos, False
+            new_loss = False
         else:
-            c.dirty = 0  # before the scan: data that lands during it makes the next pass due
-            # What arrived in order needs no scan: start where the data path saw it stop.
-            rcv_pos = max(self.rcv_pos, min(c.contiguous_position, hwm))
-            start = rcv_pos
-            loss_found = new_loss = False
-            for _ in range(PARTITION_COUNT):
-                rebuild = max(rcv_pos, max_sub)
-                offset, loss_found = self.loss_detector.scan(
-                    self._term_ptrs[(rebuild >> self.position_bits) % PARTITION_COUNT], rebuild,
-                    hwm, now_ns, self.term_length, self.position_bits, self.initial_term_id)
-                new_loss = new_loss or self.loss_detector.new_gaps > 0
-                new_rebuild = rebuild - (rebuild & self._mask) + offset
-                if new_rebuild > rcv_pos:
-                    rcv_pos = new_rebuild
-                if loss_found or offset < self.term_length or rcv_pos >= hwm:
-                    break
-            network.ss_publish_position(self._rcv_pos, self.positions.receiver_position, rcv_pos)
-            if rcv_pos > c.contiguous_position:
-                c.contiguous_position = rcv_pos
+            new_loss = self._rebuild_here(now_ns)
+        rcv_pos = self.rcv_pos
         eos = c.eos_position
         if eos >= 0 and not self.is_end_of_stream and rcv_pos >= eos:
             self.is_end_of_stream = True
@@ -729,6 +702,23 @@ class PublicationImage:
             self.c.sm_position = min_sub
             self.c.sm_window = self._allowed_window(min_sub)
             self.c.sm_deadline_ns = now_ns
+
+    def _rebuild_here(self, now_ns: int) -> bool:
+        """The rebuild pass, the C half's rule (``ss_image_track_rebuild``), for an image whose
+        gaps this half answers: with the delays its detector drew (a group's random backoff),
+        each due gap NAKed, or for ``reliable=false`` padded (:meth:`_on_loss`).  Returns
+        whether the pass saw a gap first (what congestion control hears)."""
+        c = self.c
+        detector = self.loss_detector
+        c.nak_first_delay_ns, c.nak_retry_delay_ns = detector.delays()
+        queued_before = c.nak_count  # the C half's, which _take_c_rebuild_output sends
+        network.ss_image_track_rebuild(c, now_ns)
+        detector.used_delays()
+        naks = c.naks
+        for i in range(3 * queued_before, 3 * c.nak_count, 3):
+            self._on_loss(naks[i], naks[i + 1], naks[i + 2])
+        c.nak_count = queued_before
+        return detector.c.fresh_count > 0
 
     def _take_c_status_message(self) -> None:
         """A status message the C half could not send (``c.sm_unsent``) goes now, from its
@@ -837,7 +827,7 @@ class PublicationImage:
             elif self.is_end_of_stream:
                 self._transition("end_of_stream", now_ns)
         elif state is ImageState.DRAINING:
-            min_sub, _ = self._min_max_subscriber_position()
+            min_sub = self.min_subscriber_position()
             end = self.left_behind[0] if self.left_behind is not None else self.rcv_pos
             drained = min_sub >= end or not self._subscriber_positions
             if drained and (self.left_behind is not None  # nothing to wait for from the sender

@@ -108,7 +108,8 @@ RULES: tuple[Rule, ...] = (
          "reliable, unicast NAK delay, static cc, not left behind, INIT/ACTIVE/DRAINING; "
          "and C's: a loss detector, a subscriber, no EOS heartbeat, not `python_on_data`",
          "left behind, LINGER, an EOS heartbeat, the last subscriber gone",
-         at_once=True, c_predicate="ss_image_rebuilt_in_c"),
+         at_once=True, c_predicate="ss_image_rebuilt_in_c",
+         written_once="ss_image_track_rebuild"),
     Rule(IMAGE, "status messages: the 25 % rule's and the timer's", PYTHON, "sm_in_c",
          "as the rebuild pass, and ACTIVE",
          "DRAINING (SMs carry EOS), and as the rebuild pass; an SM C could not send "
