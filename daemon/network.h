@@ -379,10 +379,15 @@ typedef struct {
     int64_t sm_count;             /* out: SMs taken here (Python zeroes it with the receiver) */
     int64_t *status_messages_received; /* system counter */
     int64_t connection_timeout_ns;
-    /* Heartbeats sent by the C half while Python sets heartbeat_in_c (a socket, connected
-     * once, not at its end of stream): a DATA header with frame length 0 at snd-pos, flags
-     * BEGIN|END, once nothing went out for SS_HEARTBEAT_TIMEOUT_NS (time_of_last_send_ns). */
+    /* Heartbeats, sent by the C half alone (through the endpoint's send, a socket's or the
+     * simulator's) while Python sets heartbeat_in_c (connected once, not DONE): a DATA
+     * header with frame length 0 at snd-pos, flags BEGIN|END (and EOS, unless the channel
+     * says eos=false, once Python sets end_of_stream: a closed publication that sent all),
+     * once nothing went out for SS_HEARTBEAT_TIMEOUT_NS (time_of_last_send_ns). */
     int32_t heartbeat_in_c;
+    int32_t end_of_stream;
+    int32_t signal_eos;
+    int64_t eos_heartbeats_sent;  /* out: those sent since end_of_stream */
     int64_t *heartbeats_sent;     /* system counter */
     /* pub-lmt, moved by the C half while Python sets limit_in_c (active, connected, taking
      * offers, no credit stop): once snd-pos reached pub-lmt's next step (last_publisher_limit
@@ -464,6 +469,11 @@ int64_t ss_publication_consumer_position(const ss_send_publication_t *p);
  * value below every position (offers refused: the cleaning alone).  The C half runs it while
  * limit_in_c, the Python half otherwise.  Returns the work done (chunks cleaned, a step). */
 int32_t ss_publication_limit_step(ss_send_publication_t *p, int64_t limit_cap);
+/* The heartbeat rule of p, its one copy (the duty cycle runs it for every publication, with
+ * a socket or the simulator's virtual send): while heartbeat_in_c, once nothing went out for
+ * SS_HEARTBEAT_TIMEOUT_NS, a heartbeat at snd-pos (EOS-flagged: see end_of_stream) through
+ * the endpoint's send.  Returns 1 when one was sent. */
+int32_t ss_publication_heartbeat(ss_send_publication_t *p, int64_t now_ns);
 /* The slowest spy's position, each bounded by `bound` (ss_subscriber_position_bounded);
  * `bound` when there is none. */
 int64_t ss_publication_slowest_spy(const ss_send_publication_t *p, int64_t bound);

@@ -477,34 +477,37 @@ static int32_t status_messages(ss_agent_t *a, int64_t now_ns) {
     return work;
 }
 
-/* The heartbeats of the publications that send them here (heartbeat_in_c). */
+int32_t ss_publication_heartbeat(ss_send_publication_t *p, int64_t now_ns) {
+    if (!p->heartbeat_in_c || now_ns - p->time_of_last_send_ns < SS_HEARTBEAT_TIMEOUT_NS)
+        return 0;
+    const int64_t position = LOAD_ACQ(p->sender_position);
+    const int32_t term_count = (int32_t)(position >> p->position_bits);
+    const int32_t term_id = (int32_t)((uint32_t)p->initial_term_id + (uint32_t)term_count);
+    const int32_t term_offset = (int32_t)(position & (p->term_length - 1));
+    uint8_t frame[SS_HEADER_LENGTH];
+    memset(frame, 0, sizeof frame); /* the reserved value too */
+    /* DATA of frame length 0: a heartbeat */
+    const int eos = p->end_of_stream && p->signal_eos;
+    put_control_header(frame, 0, SS_BEGIN_FLAG | SS_END_FLAG | (eos ? SS_EOS_FLAG : 0),
+                       SS_HDR_TYPE_DATA);
+    memcpy(frame + SS_TERM_OFFSET_FIELD, &term_offset, 4);
+    memcpy(frame + SS_SESSION_ID_FIELD, &p->session_id, 4);
+    memcpy(frame + SS_STREAM_ID_FIELD, &p->stream_id, 4);
+    memcpy(frame + SS_TERM_ID_FIELD, &term_id, 4);
+    /* Through the endpoint's send as the data goes, counted there. */
+    const int32_t result = ss_send_channel_send_frame(p, frame, sizeof frame, NULL, 0);
+    p->time_of_last_send_ns = now_ns; /* the next in a timeout, whatever became of this */
+    if (p->end_of_stream) p->eos_heartbeats_sent++;
+    if (result < 0) return 0;
+    count(p->heartbeats_sent, 1);
+    return 1;
+}
+
+/* The heartbeats of every publication (ss_publication_heartbeat). */
 static int32_t heartbeats(ss_agent_t *a, int64_t now_ns) {
     int32_t sent = 0;
-    for (int32_t i = 0; i < a->publication_count; i++) {
-        ss_send_publication_t *p = a->publications[i];
-        if (!p->heartbeat_in_c || p->fd < 0 ||
-            now_ns - p->time_of_last_send_ns < SS_HEARTBEAT_TIMEOUT_NS)
-            continue;
-        const int64_t position = LOAD_ACQ(p->sender_position);
-        const int32_t term_count = (int32_t)(position >> p->position_bits);
-        const int32_t term_id = (int32_t)((uint32_t)p->initial_term_id + (uint32_t)term_count);
-        const int32_t term_offset = (int32_t)(position & (p->term_length - 1));
-        uint8_t frame[SS_HEADER_LENGTH];
-        memset(frame, 0, sizeof frame); /* the reserved value too */
-        /* DATA of frame length 0: a heartbeat */
-        put_control_header(frame, 0, SS_BEGIN_FLAG | SS_END_FLAG, SS_HDR_TYPE_DATA);
-        memcpy(frame + SS_TERM_OFFSET_FIELD, &term_offset, 4);
-        memcpy(frame + SS_SESSION_ID_FIELD, &p->session_id, 4);
-        memcpy(frame + SS_STREAM_ID_FIELD, &p->stream_id, 4);
-        memcpy(frame + SS_TERM_ID_FIELD, &term_id, 4);
-        /* Through the endpoint's send as the data goes, counted there. */
-        const int32_t result = ss_send_channel_send_frame(p, frame, sizeof frame, NULL, 0);
-        p->time_of_last_send_ns = now_ns; /* the next in a timeout, whatever became of this */
-        if (result >= 0) {
-            count(p->heartbeats_sent, 1);
-            sent++;
-        }
-    }
+    for (int32_t i = 0; i < a->publication_count; i++)
+        sent += ss_publication_heartbeat(a->publications[i], now_ns);
     return sent;
 }
 
@@ -575,8 +578,7 @@ int64_t ss_agent_c_deadline(const ss_agent_t *a) {
         const ss_send_publication_t *p = a->publications[i];
         if (p->limit_in_c && p->cleaner != NULL && p->cleaner->position < p->cleaner->target)
             return 0; /* cleaning is behind: the next cycle goes on with it */
-        if (p->heartbeat_in_c && p->fd >= 0 &&
-            p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS < deadline)
+        if (p->heartbeat_in_c && p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS < deadline)
             deadline = p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS;
         if (p->sm_in_c && p->sm_time_ns + p->connection_timeout_ns + 1 < deadline)
             deadline = p->sm_time_ns + p->connection_timeout_ns + 1; /* its receiver's liveness */

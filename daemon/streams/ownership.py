@@ -60,9 +60,10 @@ class Rule:
     c_predicate: str = ""
     #: Not the stream's one function's to set: who sets the flag instead.
     set_elsewhere: str = ""
-    #: The rule's one copy, an exported C function (daemon/network.h) that both halves run:
-    #: the C duty cycle while the flag hands the rule to it, the Python half otherwise.
-    #: Empty while each half still has its own copy.
+    #: The rule's one copy, a C function of the data path (daemon/network_*.c, exported in
+    #: daemon/network.h) that both halves run: the C duty cycle while the flag hands the rule
+    #: to it, the Python half otherwise (or never, when C runs it by default).  Empty while
+    #: each half still has its own copy.
     written_once: str = ""
 
     def when_set(self) -> str:
@@ -84,10 +85,10 @@ RULES: tuple[Rule, ...] = (
          "close (DRAINING), the connection lost, the governor refusing offers, the drain's "
          "credit stop",
          at_once=True, written_once="ss_publication_limit_step"),
-    Rule(PUBLICATION, "heartbeats", PYTHON, "heartbeat_in_c",
-         "a socket, the first SM came, not at its end of stream",
-         "the end of stream (LINGER: the EOS-flagged heartbeats)",
-         at_once=False),
+    Rule(PUBLICATION, "heartbeats (EOS-flagged from the end of stream)", C, "heartbeat_in_c",
+         "the first SM came, not DONE; through a socket or the simulator's virtual send",
+         "DONE (the Python half only sets the flag and `end_of_stream`)",
+         at_once=False, written_once="ss_publication_heartbeat"),
     Rule(PUBLICATION, "status messages: snd-lmt", PYTHON, "sm_in_c",
          "ACTIVE, connected, `fc=unicast`, no `rc=`, one live receiver, no SETUP elicited; "
          "per SM, a valid one from that receiver's bound address (§5.7) with no flags and no "
