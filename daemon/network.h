@@ -725,6 +725,12 @@ int32_t ss_image_track_rebuild(ss_image_t *image, int64_t now_ns);
  * pass of an image with rebuild_in_c, from the C half or the Python half alike. */
 int32_t ss_image_rebuild(ss_image_t *image, int64_t now_ns);
 
+/* Cleaning behind the slowest subscriber (at `slowest`), its one copy: a chunk toward one
+ * term behind it (ss_clean_toward), then reusable_limit and clean_due_position that follow.
+ * The C half runs it with its status messages (from clean_due_position), the Python half
+ * otherwise (each pass).  Returns what ss_clean_toward returned. */
+int32_t ss_image_clean(ss_image_t *image, int64_t slowest);
+
 /* NAK-strength (daemon/flow/rate_control.py): data above the image's first gap counts in its
  * fill only once that gap's timer fired this many times (NAKed, and NAKed again after each of
  * two repairs that did not come): a repair that comes in time is a one-off loss, not a

@@ -435,13 +435,13 @@ static int64_t allowed_window(const ss_image_t *image, int64_t position) {
     return window < 0 ? 0 : window;
 }
 
-/* Cleaning, once the slowest subscriber reached clean_due_position: a chunk toward one term
- * behind it, then the limits that follow from it. */
-static void clean_image(ss_image_t *image, int64_t slowest) {
+int32_t ss_image_clean(ss_image_t *image, int64_t slowest) {
     ss_log_cleaner_t *cleaner = image->cleaner;
-    ss_clean_toward(cleaner, image->log, image->term_length, image->position_bits, slowest);
+    const int32_t cleaned =
+        ss_clean_toward(cleaner, image->log, image->term_length, image->position_bits, slowest);
     image->reusable_limit = ss_reusable_limit(cleaner, image->term_length);
     image->clean_due_position = ss_clean_due_position(cleaner, image->term_length);
+    return cleaned;
 }
 
 /* The C half's status messages and cleaning: the slowest subscriber reached the 25 % rule's
@@ -453,7 +453,7 @@ static int32_t status_messages(ss_agent_t *a, int64_t now_ns) {
         if (!sends_status_messages(image)) continue;
         const int64_t slowest = min_subscriber_position(image);
         if (image->cleaner != NULL && slowest >= image->clean_due_position) {
-            clean_image(image, slowest);
+            ss_image_clean(image, slowest);
             work++;
             if (!image->sm_unsent &&
                 allowed_window(image, image->sm_position) != image->sm_window) {

@@ -139,6 +139,7 @@ REMOVED_PYTHON_COPIES = {
                                   "self._last_publisher_limit + self._trip_gain:"),
     "ss_image_track_rebuild": ("image.py", "self.loss_detector.scan("),
     "ss_publication_heartbeat": ("publication.py", "heartbeat(self.session_id"),
+    "ss_image_clean": ("image.py", "self.cleaner.clean_toward("),
 }
 
 

@@ -660,9 +660,9 @@ class PublicationImage:
                 due = min(due, self.left_behind[0])
             self.c.sm_due_position = due
             self._sync_cleaning_c()
-        else:  # no rebuild pass and no SM any more: nothing in C makes this due again
+        else:  # no rebuild pass, SM or cleaning any more: nothing in C makes this due again
             self.c.dirty = 0
-            self.c.sm_due_position = NO_DEADLINE
+            self.c.sm_due_position = self.c.clean_due_position = NO_DEADLINE
             self.c.sm_catch_up_ns = NO_DEADLINE
             self.c.rate_signal_position = NO_DEADLINE
         self._next_due_ns = self.next_deadline_ns()
@@ -695,7 +695,7 @@ class PublicationImage:
             self._publish_indicators()
         if self.rate_signaller is not None:
             self._signal_rate(now_ns, min_sub)
-        self.cleaner.clean_toward(min_sub)
+        network.ss_image_clean(c, min_sub)
         if (force_sm or min_sub > self.c.sm_position + (self.c.sm_window >> 2)
                 or network.ss_image_catch_up_due(c, now_ns)
                 or self._allowed_window(self.c.sm_position) != self.c.sm_window):
