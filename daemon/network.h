@@ -725,6 +725,21 @@ int32_t ss_image_track_rebuild(ss_image_t *image, int64_t now_ns);
  * pass of an image with rebuild_in_c, from the C half or the Python half alike. */
 int32_t ss_image_rebuild(ss_image_t *image, int64_t now_ns);
 
+/* The status-message rules, their one copy (the C half runs them while sm_in_c, the Python
+ * half each pass): the position of the SM due now given the slowest subscriber's position
+ * `slowest`, or -1 for none.  At `slowest` by the 25 % rule (past sm_position + a quarter of
+ * sm_window) or the catch-up rule (a tagged image); at max(slowest, sm_position) by the timer
+ * (sm_deadline_ns) or a window that changed (ss_image_allowed_window at sm_position is no
+ * longer sm_window). */
+int64_t ss_image_status_message_due(const ss_image_t *image, int64_t slowest, int64_t now_ns);
+/* An SM at `position` goes now: sm_position, sm_window (ss_image_allowed_window there), the
+ * timer's and the catch-up rule's next times, last_sm_position, the over-run threshold (half
+ * a term past it, never past reusable_limit) and sm_due_position follow. */
+void ss_image_status_message_taken(ss_image_t *image, int64_t position, int64_t now_ns);
+/* The window the image may advertise at `position` (bytes): `window`, never inviting data
+ * into a partition that cleaning has not reached (reusable_limit). */
+int64_t ss_image_allowed_window(const ss_image_t *image, int64_t position);
+
 /* Cleaning behind the slowest subscriber (at `slowest`), its one copy: a chunk toward one
  * term behind it (ss_clean_toward), then reusable_limit and clean_due_position that follow.
  * The C half runs it with its status messages (from clean_due_position), the Python half

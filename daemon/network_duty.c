@@ -382,11 +382,31 @@ static inline int catch_up_due(const ss_image_t *image, int64_t slowest, int64_t
     return slowest >= catch_up_position(image) && now_ns >= image->sm_catch_up_ns;
 }
 
-/* The 25 % rule's status message, at the slowest subscriber's position: scheduled here, and
- * sent through the image's socket (else left to the Python half: sm_unsent). */
-static int64_t allowed_window(const ss_image_t *image, int64_t position);
+/* The window the image may advertise at `position`: its own, never inviting data into a
+ * partition that cleaning has not reached. */
+static int64_t allowed_window(const ss_image_t *image, int64_t position) {
+    int64_t window = image->reusable_limit - position;
+    if (window > image->window) window = image->window;
+    return window < 0 ? 0 : window;
+}
 
-static void send_status_message(ss_image_t *image, int64_t position, int64_t now_ns) {
+int64_t ss_image_allowed_window(const ss_image_t *image, int64_t position) {
+    return allowed_window(image, position);
+}
+
+int64_t ss_image_status_message_due(const ss_image_t *image, int64_t slowest, int64_t now_ns) {
+    if (slowest > image->sm_position + (image->sm_window >> 2) ||
+        catch_up_due(image, slowest, now_ns))
+        return slowest;
+    /* The timer's, or a window that changed: at what the subscribers consumed by now (§4.6),
+     * never behind. */
+    if (now_ns >= image->sm_deadline_ns ||
+        allowed_window(image, image->sm_position) != image->sm_window)
+        return slowest > image->sm_position ? slowest : image->sm_position;
+    return -1;
+}
+
+void ss_image_status_message_taken(ss_image_t *image, int64_t position, int64_t now_ns) {
     const int64_t window = allowed_window(image, position);
     image->sm_position = position;
     image->sm_window = (int32_t)window;
@@ -396,6 +416,13 @@ static void send_status_message(ss_image_t *image, int64_t position, int64_t now
     const int64_t overrun = position + image->term_length / 2;
     image->overrun_threshold = overrun < image->reusable_limit ? overrun : image->reusable_limit;
     image->sm_due_position = position + (window >> 2) + 1;
+}
+
+/* A status message at `position` (ss_image_status_message_due's), sent through the image's
+ * socket (else left to the Python half: sm_unsent). */
+static void send_status_message(ss_image_t *image, int64_t position, int64_t now_ns) {
+    ss_image_status_message_taken(image, position, now_ns);
+    const int64_t window = image->sm_window;
     ss_receiver_counters_t *counters = image->counters;
     if (!ss_receive_channel_can_send(image)) {
         image->sm_unsent = 1;
@@ -427,14 +454,6 @@ static void send_status_message(ss_image_t *image, int64_t position, int64_t now
     }
 }
 
-/* The window the image may advertise at `position`: its own, never inviting data into a
- * partition that cleaning has not reached. */
-static int64_t allowed_window(const ss_image_t *image, int64_t position) {
-    int64_t window = image->reusable_limit - position;
-    if (window > image->window) window = image->window;
-    return window < 0 ? 0 : window;
-}
-
 int32_t ss_image_clean(ss_image_t *image, int64_t slowest) {
     ss_log_cleaner_t *cleaner = image->cleaner;
     const int32_t cleaned =
@@ -455,22 +474,11 @@ static int32_t status_messages(ss_agent_t *a, int64_t now_ns) {
         if (image->cleaner != NULL && slowest >= image->clean_due_position) {
             ss_image_clean(image, slowest);
             work++;
-            if (!image->sm_unsent &&
-                allowed_window(image, image->sm_position) != image->sm_window) {
-                send_status_message(image, slowest > image->sm_position ? slowest
-                                                                         : image->sm_position,
-                                    now_ns);
-                continue;
-            }
         }
         if (image->sm_unsent) continue;
-        if (slowest >= image->sm_due_position || catch_up_due(image, slowest, now_ns)) {
-            send_status_message(image, slowest, now_ns);
-            work++;
-        } else if (now_ns >= image->sm_deadline_ns) {
-            /* The timer's: at what the subscribers consumed by now (§4.6), never behind. */
-            send_status_message(image, slowest > image->sm_position ? slowest : image->sm_position,
-                                now_ns);
+        const int64_t position = ss_image_status_message_due(image, slowest, now_ns);
+        if (position >= 0) {
+            send_status_message(image, position, now_ns);
             work++;
         }
     }

@@ -29,10 +29,11 @@ timer is due for an image the C half does not rebuild itself): scan from ``rebui
 max(rcv_pos, max subscriber position)`` to the hwm, advance ``rcv_pos`` over complete
 frames, NAK each gap after the
 NAK delay (static 100 µs for unicast; optimal multicast backoff for group images), or pad it
-for ``reliable=false`` (LOSS_GAP_FILLS).  Then schedule an SM when the minimum subscriber
-position moved past ``last scheduled + window/4`` (the 25 % rule) or the window changed; a
-scheduled SM goes at once, and one goes every ``status_message_timeout`` (200 ms) at the
-position subscribers have reached by then.  An image with a group tag (``gtag=``, the
+for ``reliable=false`` (LOSS_GAP_FILLS).  Then an SM goes (the rules' one copy is the C
+half's ``ss_image_status_message_due``, which this object runs too) when the minimum
+subscriber position moved past ``last scheduled + window/4`` (the 25 % rule) or the window
+changed, and one goes every ``status_message_timeout`` (200 ms) at the position subscribers
+have reached by then.  An image with a group tag (``gtag=``, the
 receivers that make messages durable, docs/PROTOCOL.md §7.7) also sends one as soon as its
 slowest subscriber consumed all it received (the catch-up rule, at most one per
 ``status_message_catch_up_interval``; the C half's, ``ss_image_catch_up_due``).  Window
@@ -272,15 +273,10 @@ class PublicationImage:
         c.control_address = raw_control
         c.control_address_length = len(raw_control)
         c.control_fd = -1  # until a receive channel takes the image (ss_receiver_set_images)
-        # SM state, which the C half's status messages move too: the scheduled position and
-        # window, and when the timer's SM is due (the first goes at once).
-        c.sm_position = join
-        c.sm_window = self.window
-        c.sm_deadline_ns = now_ns
+        # The status-message rules' intervals: the timer's, and the catch-up rule's (a tagged
+        # image's, ss_image_catch_up_due); their state is set below.
         c.sm_interval_ns = self.status_message_timeout_ns
-        # The catch-up rule's (a tagged image's, ss_image_catch_up_due): the first may go at once.
         self._catch_up_interval_ns = settings.status_message_catch_up_interval
-        c.sm_catch_up_ns = now_ns
         c.sm_catch_up_interval_ns = self._catch_up_interval_ns
         c.window = self.window
         c.receiver_id = receiver_id
@@ -291,8 +287,9 @@ class PublicationImage:
         c.reusable_limit = self.cleaner.reusable_limit()
         c.clean_due_position = NO_DEADLINE
         self._sync_subscribers_c()
-        c.sm_due_position = self.status_message_due_position()
-        self._set_last_sm_position(join)
+        # The rules' state as an SM at the join position leaves it; the first SM is due at once.
+        network.ss_image_status_message_taken(c, join, now_ns)
+        c.sm_deadline_ns = c.sm_catch_up_ns = now_ns
         log.is_connected = True
 
     # -- sampled: counters the receiver publishes; any thread reads them -------------------
@@ -378,21 +375,12 @@ class PublicationImage:
         """The position of the last status message sent (bytes)."""
         return self.c.last_sm_position
 
-    def _set_last_sm_position(self, position: int) -> None:
-        c = self.c
-        c.last_sm_position = position
-        # The sender may send up to half a term past an SM; never into a partition that
-        # cleaning has not reached yet (LogCleaner.reusable_limit); once left behind, nothing
-        # past the end its subscribers read to.
-        c.overrun_threshold = min(position + (self.term_length >> 1),
-                                  self.cleaner.reusable_limit())
-        if self.left_behind is not None:
-            c.overrun_threshold = min(c.overrun_threshold, self.left_behind[0])
-
     def status_message_due_position(self) -> int:
-        """The subscriber position from which the 25 % rule schedules the next SM: a parked
-        receiver asks its subscribers to ring its doorbell there (bytes)."""
-        return self.c.sm_position + (self.c.sm_window >> 2) + 1
+        """The subscriber position from which the image's Python half is due for its next SM
+        (the 25 % rule's, which ``ss_image_status_message_taken`` sets; a left-behind image's
+        end, once its pass is over): a parked receiver asks its subscribers to ring its
+        doorbell there (bytes)."""
+        return self.c.sm_due_position
 
     def _position(self, term_id: int, term_offset: int) -> int:
         return compute_position(term_id, term_offset, self.position_bits, self.initial_term_id)
@@ -645,8 +633,7 @@ class PublicationImage:
             self._outbox = []
         self._check_state(now_ns)
         if self.state in (ImageState.INIT, ImageState.ACTIVE, ImageState.DRAINING):
-            if now_ns >= self.c.sm_deadline_ns:
-                self._send_status_message(now_ns, out)
+            self._status_message_check(now_ns, out)
             self._response_setup_check(now_ns, out)
             if self._consults_congestion_control and (
                     self.congestion_control.should_measure_rtt(now_ns)):
@@ -655,10 +642,8 @@ class PublicationImage:
                 out.extend(self.control_datagrams(rttm.encode()))
                 self.congestion_control.on_rtt_measurement_sent(now_ns)
         if self.state in (ImageState.INIT, ImageState.ACTIVE, ImageState.DRAINING):
-            due = self.status_message_due_position()
             if self.left_behind is not None:  # wake as the subscribers reach its end
-                due = min(due, self.left_behind[0])
-            self.c.sm_due_position = due
+                self.c.sm_due_position = min(self.c.sm_due_position, self.left_behind[0])
             self._sync_cleaning_c()
         else:  # no rebuild pass, SM or cleaning any more: nothing in C makes this due again
             self.c.dirty = 0
@@ -683,25 +668,18 @@ class PublicationImage:
             self.is_end_of_stream = True
             self.log.end_of_stream_position = eos
             self.log.signal_readers()
-        # SM scheduling: congestion control asks for one, the 25 % rule, the catch-up rule (a
-        # tagged image's subscribers consumed all it received: the C half's, asked), or a
-        # change of the window (which cleaning may hold back, see _allowed_window).
-        force_sm = False
         if self._consults_congestion_control:
             force_sm, self.window = self.congestion_control.on_track_rebuild(
                 now_ns, consumption_position=min_sub, last_sm_position=c.last_sm_position,
                 hwm_position=hwm, rebuild_start_position=start, rebuild_end_position=rcv_pos,
                 loss_found=new_loss)
+            c.window = self.window  # what the status-message rules advertise
+            if force_sm:
+                c.sm_deadline_ns = now_ns  # congestion control asks for one now
             self._publish_indicators()
         if self.rate_signaller is not None:
             self._signal_rate(now_ns, min_sub)
         network.ss_image_clean(c, min_sub)
-        if (force_sm or min_sub > self.c.sm_position + (self.c.sm_window >> 2)
-                or network.ss_image_catch_up_due(c, now_ns)
-                or self._allowed_window(self.c.sm_position) != self.c.sm_window):
-            self.c.sm_position = min_sub
-            self.c.sm_window = self._allowed_window(min_sub)
-            self.c.sm_deadline_ns = now_ns
 
     def _rebuild_here(self, now_ns: int) -> bool:
         """The rebuild pass, the C half's rule (``ss_image_track_rebuild``), for an image whose
@@ -726,12 +704,16 @@ class PublicationImage:
         c = self.c
         if c.sm_unsent:
             c.sm_unsent = 0
-            position = c.sm_position
-            sm = StatusMessage(self.session_id, self.stream_id, self._term_id(position),
-                               position & self._mask, c.sm_window, self.receiver_id, 0,
-                               self.group_tag)
-            self._outbox.extend(self.control_datagrams(sm.encode()))
-            self.counters.add(SystemCounter.STATUS_MESSAGES_SENT)
+            self._outbox.extend(self._status_message(c.sm_position, 0))
+
+    def _status_message(self, position: int, flags: int) -> list[Datagram]:
+        """The SM of the rules' state (``c.sm_window``) at ``position``, to where control
+        frames go; counted."""
+        sm = StatusMessage(self.session_id, self.stream_id, self._term_id(position),
+                           position & self._mask, self.c.sm_window, self.receiver_id, flags,
+                           self.group_tag)
+        self.counters.add(SystemCounter.STATUS_MESSAGES_SENT)
+        return self.control_datagrams(sm.encode())
 
     def _sync_cleaning_c(self) -> None:
         """What the C half's status messages need of cleaning: the window it allows, and the
@@ -759,31 +741,24 @@ class PublicationImage:
             self.counters.add(SystemCounter.NAK_MESSAGES_SENT, c.nak_count)
             c.nak_count = 0
 
-    def _allowed_window(self, position: int) -> int:
-        """The window to advertise at ``position``: the configured one, but never inviting data
-        into a partition that cleaning has not reached (LogCleaner.reusable_limit)."""
-        return max(0, min(self.window, self.cleaner.reusable_limit() - position))
-
-    def _send_status_message(self, now_ns: int, out: list[Datagram]) -> None:
-        # A repeat on the timeout reports what subscribers consumed by now, not the values
-        # last scheduled as Aeron's C driver does (docs/PROTOCOL.md §4.6, seen on the wire): the SM
-        # rate is the same, and a sender that drains learns its receivers took the last bytes
-        # of the stream.  A receiver that repeats the old values holds such a drain until its
-        # drain_timeout; Aeron 1.15's Java receiver did not (tests/test_interop.py).
-        min_sub = self.min_subscriber_position()
-        if min_sub > self.c.sm_position:
-            self.c.sm_position = min_sub
-            self.c.sm_window = self._allowed_window(min_sub)
-        position = self.c.sm_position
-        flags = SM_EOS_FLAG if self.state is ImageState.DRAINING else 0
-        sm = StatusMessage(self.session_id, self.stream_id, self._term_id(position),
-                           position & self._mask, self.c.sm_window, self.receiver_id, flags,
-                           self.group_tag)
-        out.extend(self.control_datagrams(sm.encode()))
-        self.counters.add(SystemCounter.STATUS_MESSAGES_SENT)
-        self._set_last_sm_position(position)
-        self.c.sm_deadline_ns = now_ns + self.c.sm_interval_ns
-        self.c.sm_catch_up_ns = now_ns + self.c.sm_catch_up_interval_ns
+    def _status_message_check(self, now_ns: int, out: list[Datagram]) -> None:
+        """The status-message rules, the C half's (``ss_image_status_message_due``, then
+        ``ss_image_status_message_taken``): the 25 % rule's, the catch-up rule's, the timer's
+        (also set for now by a transition to DRAINING, whose SMs carry EOS, and by congestion
+        control) and a changed window's.  A repeat on the timeout reports what subscribers
+        consumed by now, not the values last scheduled as Aeron's C driver does
+        (docs/PROTOCOL.md §4.6, seen on the wire): a sender that drains learns its receivers
+        took the last bytes of the stream (Aeron 1.15's Java receiver did too,
+        tests/test_interop.py)."""
+        c = self.c
+        position = network.ss_image_status_message_due(c, self.min_subscriber_position(), now_ns)
+        if position < 0:
+            return
+        network.ss_image_status_message_taken(c, position, now_ns)
+        if self.left_behind is not None:  # nothing past the end its subscribers read to
+            c.overrun_threshold = min(c.overrun_threshold, self.left_behind[0])
+        out.extend(self._status_message(
+            position, SM_EOS_FLAG if self.state is ImageState.DRAINING else 0))
 
     def _check_left_behind(self) -> None:
         """Whether the sender has moved so far on that the data this image lacks (from

@@ -4,9 +4,12 @@ which thread owns each field and method of a stream object (:data:`PUBLICATION_T
 stream objects' code to sections headed by those owners, :data:`SECTION_HEADINGS`).
 
 A network stream's rules (status messages, heartbeats, pub-lmt's steps, cleaning, the rebuild
-pass and its NAKs, liveness) exist in both halves of the network thread: the Python half
+pass and its NAKs, liveness) run in the two halves of the network thread: the Python half
 (:mod:`~slipstream.daemon.streams.publication`, :mod:`~slipstream.daemon.streams.image`) and
-the C half (daemon/network_*.c).  Each rule has an owner by default; a flag of the stream's C
+the C half (daemon/network_*.c).  A rule written once (:attr:`Rule.written_once`) is one C
+function of the data path, which the C duty cycle runs while the rule is C's and the Python
+half calls otherwise, so the driver and the simulator run the same code; the others still
+have a copy in each half.  Each rule has an owner by default; a flag of the stream's C
 struct (``ss_send_publication_t``, ``ss_image_t``) hands it to the other half while the
 conditions of its row hold, and the Python half sets the flags in one function per stream
 type, which its transitions call:
@@ -115,13 +118,15 @@ RULES: tuple[Rule, ...] = (
          "as the rebuild pass, and ACTIVE",
          "DRAINING (SMs carry EOS), and as the rebuild pass; an SM C could not send "
          "(`sm_unsent`) goes from Python",
-         at_once=True, c_predicate="ss_image_sends_status_messages"),
+         at_once=True, c_predicate="ss_image_sends_status_messages",
+         written_once="ss_image_status_message_due"),
     Rule(IMAGE, "status messages: the catch-up rule's (a tagged image whose subscribers "
          "consumed all it received, at most one per `status_message_catch_up_interval`)",
          PYTHON, "sm_in_c",
          "with the status messages",
          "with the status messages; the Python half asks C's rule, which keeps the interval",
-         at_once=True, c_predicate="ss_image_catch_up_due"),
+         at_once=True, c_predicate="ss_image_catch_up_due",
+         written_once="ss_image_status_message_due"),
     Rule(IMAGE, "cleaning the log behind the slowest subscriber", PYTHON, "sm_in_c",
          "with the status messages (and a cleaner)",
          "with the status messages",
