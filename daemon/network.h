@@ -740,6 +740,11 @@ void ss_image_status_message_taken(ss_image_t *image, int64_t position, int64_t 
  * into a partition that cleaning has not reached (reusable_limit). */
 int64_t ss_image_allowed_window(const ss_image_t *image, int64_t position);
 
+/* The image's liveness timer, its one copy: when no packet for liveness_timeout_ns ends an
+ * INIT or ACTIVE image (ns).  The C half makes the Python half due then (while it keeps the
+ * timer, with its status messages); the Python half moves the state at it. */
+int64_t ss_image_liveness_deadline(const ss_image_t *image);
+
 /* Cleaning behind the slowest subscriber (at `slowest`), its one copy: a chunk toward one
  * term behind it (ss_clean_toward), then reusable_limit and clean_due_position that follow.
  * The C half runs it with its status messages (from clean_due_position), the Python half

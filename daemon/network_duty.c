@@ -454,6 +454,10 @@ static void send_status_message(ss_image_t *image, int64_t position, int64_t now
     }
 }
 
+int64_t ss_image_liveness_deadline(const ss_image_t *image) {
+    return image->time_of_last_packet_ns + image->liveness_timeout_ns;
+}
+
 int32_t ss_image_clean(ss_image_t *image, int64_t slowest) {
     ss_log_cleaner_t *cleaner = image->cleaner;
     const int32_t cleaned =
@@ -603,8 +607,8 @@ int64_t ss_agent_c_deadline(const ss_agent_t *a) {
         if (!sends_status_messages(image)) continue;
         if (!image->sm_unsent && image->sm_deadline_ns < deadline)
             deadline = image->sm_deadline_ns;
-        if (image->time_of_last_packet_ns + image->liveness_timeout_ns < deadline)
-            deadline = image->time_of_last_packet_ns + image->liveness_timeout_ns;
+        if (ss_image_liveness_deadline(image) < deadline)
+            deadline = ss_image_liveness_deadline(image);
     }
     return deadline;
 }
@@ -659,7 +663,7 @@ static int image_needs_python(const ss_image_t *image, int64_t now_ns) {
     if (image->nak_count > 0 || image->sm_unsent) return 1;
     /* Sums, not differences: ss_agent_python_due is asked at now = -INT64_MAX too. */
     if (sends_status_messages(image) &&
-        now_ns >= image->time_of_last_packet_ns + image->liveness_timeout_ns)
+        now_ns >= ss_image_liveness_deadline(image))
         return 1;
     if (image->dirty && (image->python_on_data || image->eos_position >= 0 ||
                          (LOAD_ACQ(image->receiver_hwm) > image->contiguous_position &&

@@ -142,6 +142,7 @@ REMOVED_PYTHON_COPIES = {
     "ss_image_clean": ("image.py", "self.cleaner.clean_toward("),
     "ss_image_status_message_due": ("image.py", "sm_window >> 2"),
     "ss_image_allowed_window": ("image.py", "self.cleaner.reusable_limit() - position"),
+    "ss_image_liveness_deadline": ("image.py", "time_of_last_packet_ns + self.liveness"),
 }
 
 

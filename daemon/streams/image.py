@@ -797,7 +797,7 @@ class PublicationImage:
                 and self.c.overrun_position > self.rcv_pos):
             self._check_left_behind()
         if state is ImageState.INIT or state is ImageState.ACTIVE:
-            if now_ns - self.c.time_of_last_packet_ns >= self.liveness_timeout_ns:
+            if now_ns >= network.ss_image_liveness_deadline(self.c):
                 self._transition("liveness_timeout", now_ns)
             elif self.is_end_of_stream:
                 self._transition("end_of_stream", now_ns)
@@ -859,7 +859,7 @@ class PublicationImage:
             # (the C half's 25 % rule, and the SM timer), a deadline of now would spin.
             return deadline
         if c_timers or not self._sends_sm_in_c():  # else the C half keeps this one too
-            deadline = min(deadline, self.c.time_of_last_packet_ns + self.liveness_timeout_ns)
+            deadline = min(deadline, network.ss_image_liveness_deadline(self.c))
         return deadline
 
     def __repr__(self) -> str:

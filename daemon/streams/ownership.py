@@ -136,7 +136,8 @@ RULES: tuple[Rule, ...] = (
          "sm_in_c",
          "with the status messages (Python is due when it expires, and moves the state)",
          "with the status messages",
-         at_once=True, c_predicate="ss_image_sends_status_messages"),
+         at_once=True, c_predicate="ss_image_sends_status_messages",
+         written_once="ss_image_liveness_deadline"),
     Rule(IMAGE, "data that arrives in order (no pass for it)", C, "python_on_data",
          "static cc, a subscriber",
          "congestion control to consult, no subscriber (SMs follow rcv-pos): a pass per "
