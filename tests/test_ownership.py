@@ -412,7 +412,7 @@ def test_an_event_within_a_pass_sets_the_rules_set_at_once_and_no_other(
     assert AT_ONCE == {"limit_in_c"}
     pub = make_publication(shm, f"{UNICAST}|priority=-500")
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        pub.c.fd = sock.fileno()  # heartbeats are the C half's through a socket
+        pub.c.fd = sock.fileno()  # as the send channel's socket
         pub.on_frame(StatusMessage(5, 6, 10, 0, 32 * 1024, 99, 0), DEST, 0)
         pub.datagrams_to_send(1)
         pub.sync_c_half()  # the end of the pass
