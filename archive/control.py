@@ -56,7 +56,7 @@ name it by ``channel``, ``stream_id`` and ``group``:
     ``lost`` with ``held``, from the first message it holds.
 
 **Protected calls.**  The control stream may have several endpoints: a plain one and one per
-key name (``key=NAME``, docs/PROTOCOL.md §7.8).  An endpoint keyed ``NAME`` opens only what a
+key name (``key=NAME``, docs/CHANNELS.md §7.8).  An endpoint keyed ``NAME`` opens only what a
 holder of ``NAME`` sealed, so a call that arrived there is a call from a holder of that key:
 its *caller key*.  Its answer goes back sealed under that key (the caller's ``reply_channel``
 gets ``key=NAME``; a plain call's answer is plain).  A recording is of the key its recorded

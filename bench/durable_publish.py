@@ -12,8 +12,8 @@ hosts: the figure is what the driver and the status messages cost, without a lin
 The subscriber's driver sends a status message each quarter of its window consumed, every
 ``status_message_timeout`` (200 ms), and, its subscription being tagged, as soon as the
 subscriber has consumed all it received (at most one per
-``status_message_catch_up_interval``, 1 ms: docs/PROTOCOL.md §4.6): the naive loop waits for
-that one, where it waited for the timer on every message before.
+``status_message_catch_up_interval``, 1 ms: docs/DRIVER.md §4.6): the naive loop waits for
+that one, not for the timer.
 
     .venv/bin/python -m bench.durable_publish [--messages N] [--window W] [--naive N]
         [--set KEY=VALUE ...]
@@ -21,7 +21,7 @@ that one, where it waited for the timer on every message before.
 ``--set status_message_catch_up_interval=1s`` (its most) all but turns the catch-up rule off,
 for a comparison in the same session.
 
-``--hosts`` (needs root): the issue's setting instead.  Two namespace hosts on a bridge
+``--hosts`` (needs root): an archive on another host instead.  Two namespace hosts on a bridge
 (sim/real/hosts.py), a driver on each with its defaults unless ``--set`` says otherwise; on
 host 2 a real ``slipstream-archive run`` records the stream as ``source = "remote"`` with a
 ``gtag=7`` subscription (its subscriber position is its recorded position, so durable means
@@ -148,7 +148,7 @@ def _run(mode: str, publisher_dir: Path, subscriber_dir: Path, count: int,
     return count / elapsed
 
 
-# -- the issue's setting: the archive on another namespace host ------------------------------
+# -- --hosts: the archive on another namespace host ---------------------------------------------
 def _recording_end(archive_dir: Path, counters, session_id: int, end: int,
                    timeout_s: float) -> float | None:
     """The monotonic time the archive's recording of ``session_id`` reached ``end`` (its

@@ -1,5 +1,5 @@
 """Where an encrypted stream's time goes, and how near it runs to what the cipher allows
-(docs/PROTOCOL.md §7.8): a UDP stream between two drivers on loopback, plain and encrypted in
+(docs/CHANNELS.md §7.8): a UDP stream between two drivers on loopback, plain and encrypted in
 alternating pairs of runs, at 1 KiB and 64 KiB (``mtu=65440`` for both streams of 64 KiB),
 with the first program's loops (``offer`` / ``poll``, the client's idle strategy).
 

@@ -1,4 +1,4 @@
-"""Encrypted UDP throughput on loopback (docs/PROTOCOL.md §7.8): the same stream between two
+"""Encrypted UDP throughput on loopback (docs/CHANNELS.md §7.8): the same stream between two
 drivers with ``key=`` and without, the loops a first program writes (``offer`` / ``poll``,
 the client's defaults, no pinning), against pyzmq PUB/SUB over tcp and the machine's
 AES-256-GCM rate (bench/aes_gcm_rate.c: a C loop sealing the same bytes through OpenSSL's

@@ -1,4 +1,4 @@
-"""A legitimate stream under an attacker's floods (issue 59, docs/SECURITY.md): its rate under
+"""A legitimate stream under an attacker's floods (docs/SECURITY.md): its rate under
 each flood as a ratio to its rate without one, in the same run.
 
 Three namespace hosts on a segment that floods every frame (sim/real/hosts.py,

@@ -13,7 +13,7 @@ other contender's drivers are not running) with their default settings, and stop
 
 * **slipstream MDC**: host 1's publication on ``aeron:udp?control=<host 1>:P|
   control-mode=dynamic``; each receiver subscribes with ``endpoint=<its address>:Q|
-  control=<host 1>:P`` and joins by its setup-eliciting status messages (docs/PROTOCOL.md §7.4).
+  control=<host 1>:P`` and joins by its setup-eliciting status messages (docs/CHANNELS.md §7.4).
 * **slipstream multicast**: the same publisher process on ``aeron:udp?endpoint=224.0.1.1:Q|
   interface=<host 1>``, each receiver on the group from its own interface: the peer of the
   target "MDC moves at least 0.8x what the same publisher moves to a multicast group".

@@ -1,5 +1,5 @@
-"""What a spy costs its publication (issue #48's target: a spy adds at most 5 % to its
-publication's send cost).  A UDP publication on driver A streams to a subscriber on driver B
+"""What a spy costs its publication (the target: a spy adds at most 5 % to its publication's
+send cost).  A UDP publication on driver A streams to a subscriber on driver B
 (every message crosses loopback UDP), alone and with a spy (``aeron-spy:``) on driver A
 reading the same log in place; the runs alternate, in the same drivers.  Prints, per message
 size, for each case:

@@ -1,4 +1,4 @@
-"""Channel URIs (docs/PROTOCOL.md §7): ``aeron:ipc[?...]``, ``aeron:udp?k=v|...``, ``aeron-spy:``.
+"""Channel URIs (docs/CHANNELS.md §7): ``aeron:ipc[?...]``, ``aeron:udp?k=v|...``, ``aeron-spy:``.
 
 :func:`parse_channel` turns a URI into one immutable, typed :class:`Channel`, or raises
 :class:`~slipstream.client.errors.ChannelError` naming the offending part.  Parsing does no I/O:
@@ -72,12 +72,12 @@ from slipstream.client.strategy_grammar import (
 _Bad, _int, _size, _duration, _format_ns, _options = (
     BadValue, parse_int, parse_size_in, parse_duration_in, format_ns, split_options)
 
-MAX_URI_LENGTH: Final = 4095  # characters: Aeron's limit (docs/PROTOCOL.md §7.1)
+MAX_URI_LENGTH: Final = 4095  # characters: Aeron's limit (docs/CHANNELS.md §7.1)
 SPY_PREFIX: Final = "aeron-spy:"
 SCHEME: Final = "aeron:"
 
 CONTROL_MODES: Final = ("manual", "dynamic", "response")
-#: The control mode of response channels (docs/PROTOCOL.md §7.6).
+#: The control mode of response channels (docs/CHANNELS.md §7.6).
 RESPONSE_CONTROL_MODE: Final = CONTROL_MODES[2]
 # The shipped strategies' names (the settings' choices): fc=, cc= and rc= take these and any
 # strategy registered since (strategy_grammar.grammars).  RECEIVER_TIMEOUT_RANGE_NS, fc=min
@@ -234,7 +234,7 @@ class Channel:
     session_id_tag: int | None = None  # session-id=tag:N
     fc: FlowControlSpec | None = None
     gtag: int | None = None
-    durable: DurableSpec | None = None  # durable=TAG/N (a publication's, docs/PROTOCOL.md §7.7)
+    durable: DurableSpec | None = None  # durable=TAG/N (a publication's, docs/CHANNELS.md §7.7)
     cc: CongestionControlSpec | None = None
     rc: RateControlSpec | None = None
     policy: PolicySpec | None = None
@@ -250,9 +250,9 @@ class Channel:
     stream_id: int | None = None
     response_correlation_id: int | None = None
     # join=: the subnets a dynamic multi-destination-cast publication hears status messages
-    # from (docs/PROTOCOL.md §7.4.1)
+    # from (docs/CHANNELS.md §7.4.1)
     join: tuple[Subnet, ...] | None = None
-    key: str | None = None  # key=NAME: an encrypted channel (docs/PROTOCOL.md §7.8)
+    key: str | None = None  # key=NAME: an encrypted channel (docs/CHANNELS.md §7.8)
     uri: str = attrs.field(default="", eq=False)  # as given to parse_channel
 
     @property
@@ -270,7 +270,7 @@ class Channel:
     @property
     def is_response(self) -> bool:
         """``control-mode=response``: a response subscription (a client's) or a response
-        publication (a server's), docs/PROTOCOL.md §7.6."""
+        publication (a server's), docs/CHANNELS.md §7.6."""
         return self.control_mode == RESPONSE_CONTROL_MODE
 
     def endpoint_address(self) -> IPAddress | None:
@@ -344,7 +344,7 @@ def _control_group_of(uri: str, address: IPAddress) -> str:
 class DurableSpec:
     """``durable=TAG/N``: a message is durable once ``count`` receivers whose status messages
     carry the group tag ``group_tag`` (their subscriptions' ``gtag=TAG``) have reported a
-    consumption position past it (docs/PROTOCOL.md §7.7).  ``str()`` is the URI's form."""
+    consumption position past it (docs/CHANNELS.md §7.7).  ``str()`` is the URI's form."""
 
     group_tag: int
     count: int
@@ -443,7 +443,7 @@ def _key_name(text: str) -> str:
 
 def channel_with_key(channel: str, key: str | None) -> str:
     """``channel`` (a URI) with its ``key=`` replaced by ``key=KEY``, or removed for None:
-    the one spelling of "this channel, sealed under that key" (docs/PROTOCOL.md §7.8)."""
+    the one spelling of "this channel, sealed under that key" (docs/CHANNELS.md §7.8)."""
     media, _, query = channel.partition("?")
     kept = [item for item in query.split("|") if item and not item.startswith("key=")]
     if key is not None:

@@ -692,7 +692,7 @@ class Client:
         ``on_back_pressure``: called with a :class:`BackPressureEpisode` when an episode of the
         stream begins or ends (on the client's conductor thread, as image callbacks).
 
-        Response channels (Aeron's, docs/PROTOCOL.md §7.6): a client's *request* publication
+        Response channels (Aeron's, docs/CHANNELS.md §7.6): a client's *request* publication
         is ``aeron:udp?endpoint=SERVER:PORT|response-correlation-id=R``, R being the
         ``registration_id`` of its response subscription (:meth:`add_subscription`) on this
         client's driver; a server's *response* publication is
@@ -755,7 +755,7 @@ class Client:
         thread as publications come and go.
 
         ``aeron:udp?control-mode=response|control=SERVER:CTRLPORT`` is a response
-        subscription (docs/PROTOCOL.md §7.6): no endpoint of its own (a port the system picks,
+        subscription (docs/CHANNELS.md §7.6): no endpoint of its own (a port the system picks,
         on ``interface=`` if given), and no image until a request publication naming its
         ``registration_id`` (``response-correlation-id=``) is answered by the server's
         response publication of this ``stream_id``; then one image, of that session only."""

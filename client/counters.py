@@ -114,7 +114,7 @@ class CounterType(enum.IntEnum):
     PUBLISHER_DROPS = 1006  # pub-drops: offers policy=drop-newest dropped
     MDC_DESTINATIONS = 1007  # mdc-destinations: a multi-destination-cast endpoint's, now
     MDS_DESTINATIONS = 1008  # mds-destinations: a multi-destination subscription's, now
-    # slipstream's, a durable= publication's (docs/PROTOCOL.md §7.7)
+    # slipstream's, a durable= publication's (docs/CHANNELS.md §7.7)
     PUBLISHER_DURABLE = 1009  # pub-durable: the position N tagged receivers consumed to
     DURABLE_RECEIVERS = 1010  # durable-rcv: tagged receivers heard within their timeout
     # A client's (the archive's), not the driver's: a recording's position, bytes (Aeron's
@@ -260,7 +260,7 @@ class SystemCounter(enum.IntEnum):
     # status messages naming no publication of the send endpoint they reached (dropped: no
     # multi-destination-cast destination is learned from one)
     UNMATCHED_STATUS_MESSAGES = 47
-    # issue 59, mdcvalid: a dynamic multi-destination-cast endpoint's address validation
+    # a dynamic multi-destination-cast endpoint's address validation (docs/CHANNELS.md §7.4.1):
     # control frames from a source outside the endpoint's join= subnets that reach the
     # Python half (SMs, RTTMs, ERRs, rate signals), dropped unread
     MDC_JOIN_SUBNET_DROPS = 48
@@ -273,15 +273,15 @@ class SystemCounter(enum.IntEnum):
     # datagrams not sent to an unvalidated address because they would take what was sent to
     # it past 3x what arrived from it (RFC 9000 section 8's anti-amplification limit)
     MDC_AMPLIFICATION_DROPS = 51
-    # issue 59, crypto: datagrams an encrypted channel's endpoint drops, by cause
-    # (docs/PROTOCOL.md §7.8):
+    # datagrams an encrypted channel's endpoint drops, by cause
+    # (docs/CHANNELS.md §7.8):
     CRYPTO_PLAIN_DROPS = 52  # a datagram without a seal at an encrypted endpoint: a plain peer
     CRYPTO_UNKNOWN_KEY_DROPS = 53  # sealed under a key id the endpoint's key file does not hold
     CRYPTO_AUTH_DROPS = 54  # failed to open: tampered, truncated, or sealed under another key
     CRYPTO_REPLAY_DROPS = 55  # a counter already opened, below the window, or a stale sender id
     CRYPTO_SEAL_REFUSED = 56  # not sealed (too long, libcrypto), or a sender id due not drawn
     CRYPTO_SEALED_AT_PLAIN_DROPS = 57  # a sealed datagram at a plain endpoint (a key it lacks)
-    # issue 59, ctrlbind:
+    # control from the network (docs/DRIVER.md §5.7):
     # status messages naming a live receiver from another host than the one its status
     # messages are bound to (dropped: a forged or stray one moves nothing)
     SM_SOURCE_MISMATCH_DROPS = 58
@@ -305,7 +305,7 @@ class SystemCounter(enum.IntEnum):
     # ERR frames naming a live receiver from its address that its status messages went on
     # to contradict within the grace (dropped: they change nothing)
     ERR_CONTRADICTED_DROPS = 66
-    # issue 59, setupflood: SETUPs that made no image, by cause (docs/PROTOCOL.md §4.2.1)
+    # SETUPs that made no image, by cause (docs/DRIVER.md §4.2.1)
     IMAGE_TERM_LENGTH_REFUSED = 67  # SETUPs whose term is longer than the subscription allows
     IMAGE_SOURCE_IMAGES_REFUSED = 68  # SETUPs from a source at image_source_max_images
     IMAGE_SOURCE_MEMORY_REFUSED = 69  # SETUPs whose log would pass image_source_memory_limit
@@ -317,13 +317,13 @@ class SystemCounter(enum.IntEnum):
     # another receiver id than the one it validated with (dropped: they keep no one alive)
     MDC_UNKNOWN_RECEIVER_DROPS = 72
     # sealed datagrams of a new sender at an encrypted endpoint whose every sender slot holds
-    # a sender still fresh (whose window must stay: docs/PROTOCOL.md §7.8)
+    # a sender still fresh (whose window must stay: docs/CHANNELS.md §7.8)
     CRYPTO_SENDERS_FULL_DROPS = 73
     # host names in channels that resolved again to another address, which the endpoint
-    # then sends to (Aeron's "Resolution changes"; docs/PROTOCOL.md §7.2)
+    # then sends to (Aeron's "Resolution changes"; docs/CHANNELS.md §7.2)
     RESOLUTION_CHANGES = 74
     # sealed datagrams of a sender the encrypted endpoint has no handshake with yet, or sent
-    # before it (a recording replayed to an endpoint since restarted): docs/PROTOCOL.md §7.8
+    # before it (a recording replayed to an endpoint since restarted): docs/CHANNELS.md §7.8
     CRYPTO_AWAITING_HANDSHAKE_DROPS = 75
     # handshake datagrams malformed, or not made with the key (another key's, forged)
     CRYPTO_HANDSHAKE_FAILED_DROPS = 76

@@ -440,7 +440,7 @@ class RateAnnounce:
 
 @attrs.frozen
 class Sealed:
-    """A sealed datagram of an encrypted channel (docs/PROTOCOL.md §7.8), or one of its
+    """A sealed datagram of an encrypted channel (docs/CHANNELS.md §7.8), or one of its
     handshake datagrams, as a plain endpoint sees it: ciphertext, opened only by an endpoint
     that holds the key (``key_id``, the header's flags byte)."""
 
@@ -642,7 +642,7 @@ def _decode_ext(data: Buffer, offset: int, remaining: int, frame_length: int,
     return Rejected(f"unknown slipstream extension type {ext_type}")
 
 
-#: An encrypted channel's handshake datagrams (docs/PROTOCOL.md §7.8), by extension type:
+#: An encrypted channel's handshake datagrams (docs/CHANNELS.md §7.8), by extension type:
 #: their one length each.
 _HANDSHAKE_LENGTHS: Final = {EXT_TYPE_HANDSHAKE_INIT: HANDSHAKE_INIT_LENGTH,
                              EXT_TYPE_HANDSHAKE_ANSWER: HANDSHAKE_ANSWER_LENGTH,

@@ -284,7 +284,7 @@ class HolderLink:
 
     ``address`` may be a host name (a Kubernetes service's, say): it stays a name in the
     control channel, so this host's driver resolves it again while the holder is silent and
-    sends to where it moved (docs/PROTOCOL.md §7.2, "Names that follow their peer").  Before
+    sends to where it moved (docs/CHANNELS.md §7.2, "Names that follow their peer").  Before
     each call the reply channel is worked out again (:meth:`wait_for_contact`): this host's
     address towards the holder's new place may be another, and the answers come there.
 

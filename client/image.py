@@ -85,12 +85,12 @@ class Image:
         #: The image's registration id in its driver (Aeron's ``Image.correlationId``): a
         #: server answers a request image by naming it in its response publication's URI,
         #: ``aeron:udp?control-mode=response|control=HOST:PORT|response-correlation-id=``
-        #: this (docs/PROTOCOL.md §7.6).
+        #: this (docs/CHANNELS.md §7.6).
         self.correlation_id = correlation_id
         self.join_position = join_position
         self.source_identity = source_identity
         #: The name of the key the stream is sealed under on the network (``key=``, docs/
-        #: PROTOCOL.md §7.8; None: plain), as the driver says: for a spy's image, whose URI
+        #: CHANNELS.md §7.8; None: plain), as the driver says: for a spy's image, whose URI
         #: names no key, the key of the publication's endpoint.
         self.channel_key = channel_key
         #: Set as the image goes (``on_unavailable_image``) when its receiver was left behind:

@@ -141,7 +141,7 @@ EXT_TYPE_RATE_ANNOUNCE: Final = 2  # sender -> receivers: signal me, at these th
 EXT_MAGIC_FIELD, EXT_TYPE_FIELD, EXT_VERSION_FIELD = _field_offsets(EXT_HEADER)[4:]  # 8 12 14
 EXT_TYPE_SEALED: Final = 3  # either way, on an encrypted channel: one datagram sealed whole
 
-# A sealed datagram (docs/PROTOCOL.md §7.8): the EXT header, whose flags byte
+# A sealed datagram (docs/CHANNELS.md §7.8): the EXT header, whose flags byte
 # is the key id, then the sender id and the sender's datagram counter (the clear header, the
 # AEAD's associated data), then the datagram's frames encrypted, then the AEAD tag.
 SEALED_HEADER: Final = struct.Struct("<iBBHiHHQQ")
@@ -156,7 +156,7 @@ SEALED_EPOCH_BITS: Final = 23
 #: The largest datagram an encrypted endpoint seals (a plain one's largest, sealed).
 SEALED_FRAME_MAX: Final = 65536 + SEALED_OVERHEAD
 
-# The handshake of encrypted channels (docs/PROTOCOL.md §7.8): Noise_NNpsk0 with the key as
+# The handshake of encrypted channels (docs/CHANNELS.md §7.8): Noise_NNpsk0 with the key as
 # the pre-shared key, three EXT datagrams whose flags byte is the key id.  INIT: the exchange
 # id, the sender id asked for, the initiator's ephemeral public key, its wall clock's
 # milliseconds sealed (u64, 8 bytes) and their tag; ANSWER: the
@@ -272,5 +272,5 @@ def max_message_length(term_length: int) -> int:
 
 def resend_reach(term_length: int) -> int:
     """How far behind its position a sender still resends (bytes): half a term and one
-    message (docs/PROTOCOL.md §3.5; the C data path's ``ss_resend`` window)."""
+    message (docs/DRIVER.md §3.5; the C data path's ``ss_resend`` window)."""
     return (term_length >> 1) + max_message_length(term_length)

@@ -454,7 +454,7 @@ class Publication:
         """Position beyond which offers are back-pressured (0 once closed)."""
         return 0 if self.is_closed else lib.ss_load_acquire_i64(self._limit)
 
-    # -- durability (durable=TAG/N, docs/PROTOCOL.md §7.7) --------------------------------------
+    # -- durability (durable=TAG/N, docs/CHANNELS.md §7.7) --------------------------------------
     def _durable_values(self) -> tuple[int, int]:
         cells = self._durable_cells
         if cells is None:

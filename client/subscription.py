@@ -96,6 +96,11 @@ class Subscription:
         """The images currently available (an immutable snapshot)."""
         return self._images
 
+    def image_by_session_id(self, session_id: int) -> Image | None:
+        """The available image of session ``session_id`` (None: none now; Aeron's
+        ``Subscription.imageBySessionId``)."""
+        return next((image for image in self._images if image.session_id == session_id), None)
+
     @property
     def is_connected(self) -> bool:
         return bool(self._images)

@@ -11,7 +11,7 @@
  *   network_duty.c        the duty cycle (the agents' C halves, the Python-due rule, the loop)
  *   network_crypto.c      an encrypted endpoint's sealed datagrams (libcrypto's AEAD and HKDF,
  *                         the anti-replay windows, the Noise handshake that hands each peer
- *                         a sender's traffic secret; docs/PROTOCOL.md §7.8)
+ *                         a sender's traffic secret; docs/CHANNELS.md §7.8)
  * and this file, the positions they all publish and read, and the conductor's watch on the
  * words it reads (ss_words_changed). */
 #define _GNU_SOURCE

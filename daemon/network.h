@@ -30,7 +30,7 @@
 
 /* ------------------------------------------------------------------ sealed datagrams */
 /* An encrypted channel's endpoints seal every datagram they send and open every one they
- * receive (network_crypto.c; docs/PROTOCOL.md §7.8): the layout, as
+ * receive (network_crypto.c; docs/CHANNELS.md §7.8): the layout, as
  * slipstream.client.layout's SEALED_* and EXT_*. */
 #define SS_HDR_TYPE_EXT 0xFFFF
 #define SS_EXT_MAGIC 0x534C5053
@@ -46,7 +46,7 @@
 #define SS_SEALED_OVERHEAD 48
 #define SS_SEALED_EPOCH_BITS 23
 #define SS_SEALED_FRAME_MAX 65584
-/* The handshake (docs/PROTOCOL.md §7.8, Noise_NNpsk0_25519_AESGCM_SHA256 with the channel's
+/* The handshake (docs/CHANNELS.md §7.8, Noise_NNpsk0_25519_AESGCM_SHA256 with the channel's
  * key as the pre-shared key): its three datagrams, as slipstream.client.layout's
  * HANDSHAKE_*. */
 #define SS_EXT_TYPE_HANDSHAKE_INIT 4
@@ -74,7 +74,7 @@
  * opens: rotation). */
 #define SS_CRYPTO_KEY_LENGTH 32
 #define SS_CRYPTO_KEYS_MAX 2
-/* Sender ids (docs/PROTOCOL.md §7.8): a sealing endpoint draws a new one this often; an
+/* Sender ids (docs/CHANNELS.md §7.8): a sealing endpoint draws a new one this often; an
  * opening endpoint refuses one drawn longer ago than SS_CRYPTO_SENDER_ID_MAX_AGE_S, or more
  * than SS_CRYPTO_CLOCK_SKEW_S ahead of its clock (hosts' clocks must agree within that). */
 #define SS_CRYPTO_SENDER_ID_LIFETIME_S 60
@@ -222,7 +222,7 @@ typedef struct {
     int32_t padding;
 } ss_span_t;
 
-/* The sender's answer to NAKs (docs/PROTOCOL.md §3.5, aeron_retransmit_handler.c; the state
+/* The sender's answer to NAKs (docs/DRIVER.md §3.5, aeron_retransmit_handler.c; the state
  * machine is drawn in daemon/protocol/retransmit.py).  Each NAK takes a retransmit action:
  * INACTIVE, DELAYED (sent when the delay expires) or LINGERING (NAKs inside its range are
  * repeats, ignored). */
@@ -418,7 +418,7 @@ typedef struct {
     int64_t spy_python_position;
     /* An encrypted channel's endpoint: every datagram sealed (NULL: plain, one branch). */
     ss_crypto_t *crypto;
-    /* Control only from the receivers' addresses (docs/PROTOCOL.md §5.7): the addresses the
+    /* Control only from the receivers' addresses (docs/DRIVER.md §5.7): the addresses the
      * live receivers' status messages are bound to, which Python keeps (on the sender's
      * thread) as its receivers come and go.  A NAK from another address is dropped here and
      * counted (nak_unknown_source_drops); SS_CONTROL_SOURCES_UNKNOWN: more receivers than
@@ -431,7 +431,7 @@ typedef struct {
     int32_t sm_source_length;
     uint8_t sm_source[32];                 /* SS_CONTROL_SOURCE_LENGTH */
     int64_t *nak_unknown_source_drops;     /* system counter */
-    /* The retransmit budget (docs/PROTOCOL.md §5.7): credit in bytes that the resends of NAKs
+    /* The retransmit budget (docs/DRIVER.md §5.7): credit in bytes that the resends of NAKs
      * draw on.  It grows by retransmit_budget_percent % of each byte of new data sent (snd-pos
      * since retransmit_credit_position) and by retransmit_budget_cap bytes per
      * retransmit_budget_interval_ns of time, up to retransmit_budget_cap bytes; a NAK that
@@ -713,7 +713,7 @@ typedef struct {
     ss_crypto_t *crypto;
 } ss_image_t;
 
-/* The rebuild pass (docs/PROTOCOL.md §4.4, aeron_publication_image_track_rebuild): scan from
+/* The rebuild pass (docs/DRIVER.md §4.4, aeron_publication_image_track_rebuild): scan from
  * max(rcv-pos, the furthest subscriber) to rcv-hwm, move rcv-pos over every complete frame,
  * keep the gaps' timers (nak_first_delay_ns, nak_retry_delay_ns), record the gaps seen first
  * in loss_entry, and queue a NAK for each gap whose timer is due (naks, up to
@@ -773,7 +773,7 @@ int32_t ss_image_sends_status_messages(const ss_image_t *image);
  * (sm_due_position), or cleaning's (clean_due_position) when the C half does not clean. */
 int64_t ss_image_python_due_position(const ss_image_t *image);
 /* 1 when the catch-up rule's status message is due at now_ns: the image has a group tag
- * (its receivers are the ones that make messages durable, docs/PROTOCOL.md §7.7), its
+ * (its receivers are the ones that make messages durable, docs/CHANNELS.md §7.7), its
  * slowest subscriber consumed all the image received (rcv-hwm) and more than the last
  * scheduled SM reported, and no SM went within sm_catch_up_interval_ns.  The C half sends it
  * with the 25 % rule's while it sends the SMs; otherwise the Python half asks this. */

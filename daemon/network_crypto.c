@@ -1,5 +1,5 @@
 /* slipstream's network data path: sealed datagrams, the encrypted streams of
- * docs/PROTOCOL.md §7.8, after QUIC's packet protection (RFC 9001 section
+ * docs/CHANNELS.md §7.8, after QUIC's packet protection (RFC 9001 section
  * 5: an AEAD per packet, the nonce from a packet number, the clear header as associated
  * data), SRT's two keys at once, and WireGuard's counters as nonces with a sliding
  * anti-replay window (RFC 6479).  The primitives are OpenSSL libcrypto's: AES-256-GCM
@@ -33,7 +33,7 @@
  * datagrams (RFC 9001 section 6.6's confidentiality limit for AES-GCM); the nonce is that IV
  * XOR the counter, big-endian in its last 8 bytes, as QUIC's.
  *
- * The handshake (docs/PROTOCOL.md §7.8) is Noise_NNpsk0_25519_AESGCM_SHA256 (the Noise
+ * The handshake (docs/CHANNELS.md §7.8) is Noise_NNpsk0_25519_AESGCM_SHA256 (the Noise
  * Protocol Framework, revision 34) with the channel's key as the pre-shared key, the
  * pattern WireGuard's is built from: an endpoint that receives a sealed datagram of a sender
  * id it has no session for drops it and starts an exchange with its source (INIT: -> psk,
@@ -425,7 +425,7 @@ static uint64_t wall_ms(const ss_crypto_t *c) {
     return (uint64_t)(now.tv_sec + c->clock_offset_s) * 1000u + (uint64_t)now.tv_nsec / 1000000u;
 }
 
-/* When a sender id was drawn: its high 32 bits (docs/PROTOCOL.md §7.8, freshness). */
+/* When a sender id was drawn: its high 32 bits (docs/CHANNELS.md §7.8, freshness). */
 static uint64_t born_of(uint64_t sender_id) { return sender_id >> 32; }
 
 /* Whether a sender id may be heard now: drawn within SS_CRYPTO_SENDER_ID_MAX_AGE_S, and not

@@ -362,7 +362,7 @@ static inline int sends_status_messages(const ss_image_t *image) {
 }
 
 /* The catch-up rule's position: an image with a group tag (its receivers are those that make
- * a publisher's messages durable, docs/PROTOCOL.md §7.7) owes its sender an SM once its
+ * a publisher's messages durable, docs/CHANNELS.md §7.7) owes its sender an SM once its
  * slowest subscriber has consumed all it received, rcv-hwm, when that is past the last
  * scheduled SM.  A publisher waiting for its last message would otherwise wait for the timer
  * (200 ms): one message never moves consumption by the 25 % rule's quarter window.  Untagged

@@ -216,7 +216,7 @@ static void note_overrun(ss_image_t *image, int64_t end) {
 }
 
 /* aeron_publication_image_insert_packet: the over-run, under-run and heartbeat rules of
- * docs/PROTOCOL.md §4.3, then the copy into the term (body first, header last).  Returns 1
+ * docs/DRIVER.md §4.3, then the copy into the term (body first, header last).  Returns 1
  * when the frame was inside the window (a multi-destination image's path is live then, as
  * Aeron's trackConnection), 0 when a rule dropped it. */
 static int insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *data, int32_t length,

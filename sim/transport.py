@@ -18,7 +18,7 @@ A multi-destination subscription's endpoint (``control-mode=manual``) is the dri
 each destination is a :class:`VirtualReceiveTransport` bound to its address (or joined to
 its group) whose arrivals go through that destination's C receiver, and the status messages
 and NAKs of each path leave from the destination's address.  Response channels
-(docs/PROTOCOL.md §7.6) need of a network that a receive transport bound to port 0 takes a
+(docs/CHANNELS.md §7.6) need of a network that a receive transport bound to port 0 takes a
 port of the host's picking (a response subscription's, whose server learns it from the
 status messages sent from there), which it does.
 """
@@ -100,7 +100,7 @@ class VirtualTransports:
 
     def open_receive(self, channel: Channel, bind: Address) -> VirtualReceiveTransport:
         """A receive transport at ``bind``; any address (``0.0.0.0``, ``::``) is the host's,
-        and port 0 an ephemeral one (a response subscription's, docs/PROTOCOL.md §7.6)."""
+        and port 0 an ephemeral one (a response subscription's, docs/CHANNELS.md §7.6)."""
         self._plain(channel)
         host, port = bind
         if ipaddress.ip_address(host).is_unspecified:
@@ -173,7 +173,7 @@ class _VirtualTransport:
 class VirtualSendTransport(_VirtualTransport):
     """A send endpoint: an ephemeral address, and for multicast the control group joined.
     A multi-destination-cast endpoint sends to its channel's table, a response endpoint's
-    publications each to their own (docs/PROTOCOL.md §7.4, §7.6)."""
+    publications each to their own (docs/CHANNELS.md §7.4, §7.6)."""
 
     def __init__(self, host: SimHost, address: Address, channel: Channel) -> None:
         if channel.control_mode in TABLE_MODES and channel.control is not None:

@@ -28,7 +28,7 @@ bit set (:data:`~slipstream.client.layout.RESERVED_VALUE_ENVELOPE_BIT`).  A read
 the time into a ``timestamp`` column (``(reserved_value & RESERVED_VALUE_TIME_MASK) //
 1000`` microseconds, UTC); a message from a publisher that sets no reserved value carries 0.
 
-With ``durable=TAG/N`` on the channel (docs/PROTOCOL.md §7.7), a task returns its commit
+With ``durable=TAG/N`` on the channel (docs/CHANNELS.md §7.7), a task returns its commit
 message only once its last message is durable: held by N receivers subscribed with
 ``gtag=TAG`` (archives on other hosts), as their status messages report.  It waits up to
 ``durableTimeoutMs`` (30 s; 0: it does not wait) after its last offer, then fails with

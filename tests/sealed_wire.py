@@ -1,5 +1,5 @@
 """What anyone holding a piece of an encrypted channel can do with its datagrams, done by
-the tests themselves from docs/PROTOCOL.md §7.8 and independent libraries (pyca/cryptography,
+the tests themselves from docs/CHANNELS.md §7.8 and independent libraries (pyca/cryptography,
 the ``noiseprotocol`` package), not through the driver's C: open a sealed datagram with its
 sender's traffic secret, and play one end of the handshake.  Shared by test_handshake.py and
 test_encrypted_hosts.py."""

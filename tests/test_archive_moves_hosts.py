@@ -1,5 +1,5 @@
 """An archive named by host name moves to another host, and its caller follows the name
-(docs/PROTOCOL.md §7.2, "Names that follow their peer"; docs/ARCHIVE.md, "Calls by host
+(docs/CHANNELS.md §7.2, "Names that follow their peer"; docs/ARCHIVE.md, "Calls by host
 name"), on namespace hosts.
 
 Host 1 is the caller's (tests/archive_caller.py, a process inside the host, through its

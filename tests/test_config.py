@@ -43,7 +43,7 @@ from slipstream.daemon.config import (
 KiB, MiB = 1 << 10, 1 << 20
 US, MS, S = 1_000, 1_000_000, 1_000_000_000
 
-# Written out from docs/PROTOCOL.md §8 (Aeron's defaults, and slipstream's own keys), not
+# Written out from docs/DEFAULTS.md §8 (Aeron's defaults, and slipstream's own keys), not
 # read from the table: this is the independent statement of what the defaults must be.
 EXPECTED_DEFAULTS: dict[str, Any] = {
     "dir": None,

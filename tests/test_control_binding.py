@@ -1,4 +1,4 @@
-"""Forged control changes nothing (docs/PROTOCOL.md §5.7, issue 59): a publication's status
+"""Forged control changes nothing (docs/DRIVER.md §5.7, issue 59): a publication's status
 messages, NAKs, ERRs and rate signals count only from the addresses its receivers' status
 messages are bound to; NAKs have a budget; a new fc=min receiver holds the sender only once
 admitted; text from the network reaches the log escaped, cut and rate-limited.

@@ -1,4 +1,4 @@
-"""Forged control on a shared segment (issue 59, docs/PROTOCOL.md §5.7): three namespace
+"""Forged control on a shared segment (issue 59, docs/DRIVER.md §5.7): three namespace
 hosts, a publisher (host 1), its real receiver (host 2) and an attacker (host 3), a real driver
 on each of the first two.  The attacker learns what it needs as a host on the path would (the
 receiver's id from one of its status messages, sniffed at the publisher's host; the session's

@@ -1,5 +1,5 @@
 """CUBIC congestion control (``cc=cubic``, daemon/flow/cubic.py): the window function against
-values worked by hand from Aeron's rules (docs/PROTOCOL.md §4.5), and a receiver that uses it
+values worked by hand from Aeron's rules (docs/DRIVER.md §4.5), and a receiver that uses it
 over a lossy link in the protocol pair."""
 
 from __future__ import annotations

@@ -482,7 +482,7 @@ RESPONSE_URI = "aeron:udp?control-mode=response|control=127.0.0.1:40456|response
 
 
 def test_each_response_publication_sends_to_the_one_client_that_asked(shm: Path) -> None:
-    """docs/PROTOCOL.md §7.6: at a response endpoint each publication has a table of its own
+    """docs/CHANNELS.md §7.6: at a response endpoint each publication has a table of its own
     (its C half sends there); a setup-eliciting SM naming its session makes the SM's source
     its one destination (a later one replaces it) and elicits SETUP; plain SMs teach nothing
     until their receiver is the destination's; a source no send reaches is counted and
@@ -521,7 +521,7 @@ def test_each_response_publication_sends_to_the_one_client_that_asked(shm: Path)
 
 def test_a_response_publication_keeps_its_live_client_against_other_receivers(
         shm: Path) -> None:
-    """docs/PROTOCOL.md §7.6: once the destination's receiver is live (its SMs within the
+    """docs/CHANNELS.md §7.6: once the destination's receiver is live (its SMs within the
     connection timeout), a setup-eliciting SM of another receiver from elsewhere (stray or
     forged) is dropped (UNMATCHED_STATUS_MESSAGES) and moves nothing, nor does a plain SM of
     another receiver reach the publication; any SM of the live receiver from a new source

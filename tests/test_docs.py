@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote
 
 import pytest
@@ -224,6 +225,151 @@ def test_the_checks_catch_what_they_are_for() -> None:
     assert broken("README.md", ".venv/") is not None  # on this disk, ignored by git
     assert broken("docs/FLOW.md", "../../outside.md") is not None
     assert links("docs/FLOW.md")  # it has links, the parser sees them
+
+
+# -- section citations, page lengths, the table of defaults ---------------------------------
+#
+# The protocol's pages number their sections as one sequence: §1-§2 PROTOCOL.md, §3-§6
+# DRIVER.md, §7 CHANNELS.md, §8 DEFAULTS.md, §9 DEPARTURES.md.  A citation names its page
+# (``docs/DRIVER.md §4.3``, ``[CHANNELS.md](CHANNELS.md) §7.8``, the page's name on the line
+# before the section number included) or is a bare ``§4.3``, which names the one page that
+# has that section.  Another standard's sections (``RFC 8312 §4.2``) are not ours.
+
+NUMBERED_PAGES = ("docs/PROTOCOL.md", "docs/DRIVER.md", "docs/CHANNELS.md", "docs/DEFAULTS.md",
+                  "docs/DEPARTURES.md")
+#: What a page may be over: a reader finds nothing in a page longer than this.
+PAGE_LINES_MAX = 1000
+
+_SECTION_HEADING = re.compile(r"^ {0,3}#{1,6}[ \t]+§(\d+(?:\.\d+)*)[ \t]")
+_CITATION = re.compile(r"(?:(?P<page>[\w/.-]+\.md)(?:\]\([^)\s]*\))?[ \t\n#*/\"']*)?"
+                       r"§ ?(?P<section>\d+(?:\.\d+)*)")
+_OTHER_STANDARD = re.compile(r"\bRFC \d+[ \t]*$")
+
+
+def sections(page: str) -> list[str]:
+    """The section numbers of the headings of ``page`` (``["7", "7.1", ...]``)."""
+    return [m.group(1) for line in _prose_lines((ROOT / page).read_text(encoding="utf-8"))
+            if (m := _SECTION_HEADING.match(line))]
+
+
+@cache
+def section_pages() -> dict[str, list[str]]:
+    """Every section number of the numbered pages, with the pages that have it."""
+    found: dict[str, list[str]] = {}
+    for page in NUMBERED_PAGES:
+        for number in sections(page):
+            found.setdefault(number, []).append(page)
+    return found
+
+
+def citations(text: str) -> Iterator[tuple[int, str | None, str]]:
+    """(line, page named or None, section) of every section citation in ``text``."""
+    for match in _CITATION.finditer(text):
+        start = match.start("page") if match.group("page") else match.start()
+        if _OTHER_STANDARD.search(text[max(0, start - 20):start]):
+            continue
+        yield (text.count("\n", 0, match.start("section")) + 1, match.group("page"),
+               match.group("section"))
+
+
+def unresolved(page: str | None, section: str) -> str | None:
+    """Why ``§section`` (in ``page``, or bare) names no heading; None if it names one."""
+    if page is None:
+        pages = section_pages().get(section, [])
+        return None if pages else f"no page has a heading §{section}"
+    name = posixpath.basename(page)
+    named = [p for p in tracked_files() if posixpath.basename(p) == name
+             and (p == page or p.endswith("/" + page) or "/" not in page)]
+    if not named:
+        return f"{page} is not a page of the repository"
+    if not any(section in sections(p) for p in named):
+        where = ", ".join(section_pages().get(section, [])) or "no page"
+        return f"{page} has no heading §{section} (it is in {where})"
+    return None
+
+
+def _cited_files() -> list[str]:
+    """The tracked text files that cite sections; this file only shows the forms."""
+    if not MARKDOWN:
+        return []
+    found = []
+    for path in sorted(tracked_files() - {"tests/test_docs.py"}):
+        try:
+            text = (ROOT / path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):  # gone from the work tree, or not text
+            continue
+        if "§" in text:
+            found.append(path)
+    return found
+
+
+def test_section_numbers_are_unique_across_the_numbered_pages() -> None:
+    if not MARKDOWN:
+        pytest.skip("not a git checkout")
+    assert {str(n) for n in range(1, 10)} <= set(section_pages())  # each page's are found
+    twice = {number: pages for number, pages in section_pages().items() if len(pages) > 1}
+    assert not twice, twice
+    for page in NUMBERED_PAGES:
+        numbers = [tuple(map(int, n.split("."))) for n in sections(page)]
+        assert numbers == sorted(numbers), f"{page}: sections out of order"
+
+
+@pytest.mark.parametrize("path", _cited_files())
+def test_every_section_citation_names_a_heading_of_its_page(path: str) -> None:
+    text = (ROOT / path).read_text(encoding="utf-8")
+    problems = [f"{path}:{line}: §{section}: {why}"
+                for line, page, section in citations(text)
+                if (why := unresolved(page, section)) is not None]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_citation_checks_catch_what_they_are_for() -> None:
+    if not MARKDOWN:
+        pytest.skip("not a git checkout")
+    sign = "\u00a7"  # spelled so that this file's own scan has nothing to read
+    found = list(citations(f"docs/DRIVER.md\n    # {sign}4.3 and {sign}7.8, RFC 8312 {sign}4.2; "
+                           f"[CHANNELS.md](CHANNELS.md#78-x) {sign}7.8"))
+    assert found == [(2, "docs/DRIVER.md", "4.3"), (2, None, "7.8"),
+                     (2, "CHANNELS.md", "7.8")]
+    assert unresolved("docs/DRIVER.md", "4.3") is None
+    assert unresolved(None, "7.8") is None
+    assert "CHANNELS.md" in unresolved("docs/DRIVER.md", "7.8")
+    assert unresolved("PROTOCOL.md", "4.3") is not None  # the section moved to DRIVER.md
+    assert unresolved(None, "4.99") is not None
+    assert unresolved("docs/NO-SUCH.md", "1") is not None
+
+
+def _pages() -> list[str]:
+    return [p for p in MARKDOWN if p == "README.md" or posixpath.dirname(p) == "docs"]
+
+
+@pytest.mark.parametrize("path", _pages())
+def test_no_page_is_over_the_line_limit(path: str) -> None:
+    lines = (ROOT / path).read_text(encoding="utf-8").count("\n")
+    assert lines <= PAGE_LINES_MAX, (
+        f"{path} has {lines} lines, over {PAGE_LINES_MAX}: split it by what a reader comes for")
+
+
+def _settings_doc() -> object:
+    spec = importlib.util.spec_from_file_location("settings_doc",
+                                                  ROOT / "scripts" / "settings_doc.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_table_of_defaults_is_the_settings_table() -> None:
+    """DEFAULTS.md lists every setting with its default as daemon/config.py has it, and says
+    of each whether it is Aeron's: after a setting is added or its default changed,
+    ``python scripts/settings_doc.py`` makes the table again."""
+    settings_doc: Any = _settings_doc()
+    page = (ROOT / "docs" / "DEFAULTS.md").read_text(encoding="utf-8")
+    assert settings_doc.render(page) == page, "run: python scripts/settings_doc.py"
+    from slipstream.daemon.config import SETTINGS
+    kept = settings_doc.notes(page)
+    assert list(kept) == list(SETTINGS)
+    assert not [key for key, note in kept.items() if not note], "a setting without its note"
 
 
 # -- the code blocks of the README and the tutorial, run ------------------------------------

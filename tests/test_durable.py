@@ -1,4 +1,4 @@
-"""durable=TAG/N (docs/PROTOCOL.md §7.7): a publication's durable position is what N receivers
+"""durable=TAG/N (docs/CHANNELS.md §7.7): a publication's durable position is what N receivers
 tagged gtag=TAG consumed, as their status messages report; real drivers on loopback.
 
 Each driver has 64 KiB terms (a receiver window of 32 KiB), so the streams below cross several
@@ -336,7 +336,7 @@ def test_an_archive_as_the_tagged_receiver_keeps_counting_at_full_speed(
                          ids=["plain", "sealed", "aborted-claims"])
 def test_a_subscriber_reading_all_it_has_keeps_counting_at_full_speed(
         launch, tmp_path: Path, key: str, aborted_claims: bool) -> None:
-    """The same without an archive, plain and sealed (key=, docs/PROTOCOL.md §7.8): a tagged
+    """The same without an archive, plain and sealed (key=, docs/CHANNELS.md §7.8): a tagged
     subscriber on another driver that polls everything its image holds, on a thread of its
     own, while the publisher offers at full speed across 32 term rotations; and with an
     aborted claim before each message, whose padding frame stands for an MTU in mid-term."""

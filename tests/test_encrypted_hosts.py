@@ -2,7 +2,7 @@
 each) while a third host spoofs each end to the other with a raw socket (tests/spoofer.py):
 forged DATA, heartbeats and DATA sealed under another key as the publisher; forged SMs, NAKs
 and ERRs as the subscriber.  Every message arrives once, in order, the publisher keeps its
-rate, and both drivers count what they dropped (docs/PROTOCOL.md §7.8).  And a third host
+rate, and both drivers count what they dropped (docs/CHANNELS.md §7.8).  And a third host
 on a segment that floods every frame records a keyed stream (tests/wire_capture.py): the
 recording holds none of its payloads' bytes, opens nothing replayed to the subscriber's
 driver restarted, and opens nothing to the test holding the key once the stream ended.

@@ -1,4 +1,4 @@
-"""Encrypted streams between real driver processes on loopback (docs/PROTOCOL.md §7.8): a
+"""Encrypted streams between real driver processes on loopback (docs/CHANNELS.md §7.8): a
 stream with key= carried exactly once across term rotations and loss; a plain
 peer, a peer with another key and a channel that mixes are refused, each with its counted,
 named reason; tampered, truncated and replayed datagrams change nothing and are counted; a

@@ -1,4 +1,4 @@
-"""FlowControlTest: each strategy's limit rules (docs/PROTOCOL.md §5)."""
+"""FlowControlTest: each strategy's limit rules (docs/DRIVER.md §5)."""
 
 from __future__ import annotations
 

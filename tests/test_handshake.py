@@ -1,5 +1,5 @@
 """The handshake of encrypted channels (daemon/network_crypto.c through
-slipstream.daemon.media.sealing; docs/PROTOCOL.md §7.8): Noise_NNpsk0_25519_AESGCM_SHA256
+slipstream.daemon.media.sealing; docs/CHANNELS.md §7.8): Noise_NNpsk0_25519_AESGCM_SHA256
 with the channel's key as the pre-shared key.  No sockets: each context's outbox is handed
 to the other, losing, repeating, reordering or forging what a test says.
 

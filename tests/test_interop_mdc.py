@@ -1,4 +1,4 @@
-"""Multi-destination-cast (docs/PROTOCOL.md §7.3) between slipstream and a stock Aeron 1.15.1
+"""Multi-destination-cast (docs/CHANNELS.md §7.3) between slipstream and a stock Aeron 1.15.1
 driver (Java), both ways, dynamic and manual.
 
 * dynamic: the publication's channel names a control address (``aeron:udp?control=H:P|

@@ -1,4 +1,4 @@
-"""Multi-destination subscriptions (docs/PROTOCOL.md §7.5) with a stock Aeron 1.15.1 driver,
+"""Multi-destination subscriptions (docs/CHANNELS.md §7.5) with a stock Aeron 1.15.1 driver,
 both ways: one side's manual multi-destination-cast publication sends every datagram to both
 destinations of the other side's ``control-mode=manual`` subscription, and the subscriber reads
 each message once, in order, from one image.

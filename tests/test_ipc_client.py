@@ -446,3 +446,17 @@ def test_a_forked_child_may_not_use_its_parents_client_and_its_close_does_nothin
         assert reader.read() == b"UsageError" and status == 0
     subscription = client.add_subscription("aeron:ipc", 63)  # the parent's client still works
     wait_for(lambda: publication.is_connected and subscription.is_connected, what="connected")
+
+
+def test_a_subscription_finds_its_image_by_session_id(client: Client) -> None:
+    """Two exclusive publications of one stream are two sessions: each image is found by its
+    session id, and a session that has no image finds none."""
+    subscription = client.add_subscription(CHANNEL, 71)
+    first = client.add_exclusive_publication(CHANNEL, 71)
+    second = client.add_exclusive_publication(CHANNEL, 71)
+    wait_for(lambda: len(subscription.images) == 2, what="both images")
+    for publication in (first, second):
+        image = subscription.image_by_session_id(publication.session_id)
+        assert image is not None and image.session_id == publication.session_id
+    unknown = next(s for s in range(1, 4) if s not in (first.session_id, second.session_id))
+    assert subscription.image_by_session_id(unknown) is None

@@ -40,9 +40,9 @@ C_ONLY = {
     "OPEN_PLAIN", "OPEN_UNKNOWN_KEY", "OPEN_FAILED", "OPEN_REPLAY",  # network.h: ss_crypto_open's
     "SCAN_END", "SCAN_TORN", "SCAN_INVALID",  # native.h: ss_scan_recorded's, for the archive
     "MESSAGES_END", "MESSAGES_LIMIT", "MESSAGES_TIME",  # native.h: ss_scan_messages' reasons
-    # network.h: the addresses a publication's C half takes NAKs and SMs from (PROTOCOL §5.7)
+    # network.h: the addresses a publication's C half takes NAKs and SMs from (DRIVER.md §5.7)
     "CONTROL_SOURCES_MAX", "CONTROL_SOURCE_LENGTH", "CONTROL_SOURCES_UNKNOWN",
-    # network.h: ss_crypto_open's verdict and its sender ids' lifetime (PROTOCOL §7.8)
+    # network.h: ss_crypto_open's verdict and its sender ids' lifetime (CHANNELS.md §7.8)
     "OPEN_SENDERS_FULL", "OPEN_AWAITING_HANDSHAKE", "OPEN_HANDSHAKE", "OPEN_HANDSHAKE_REFUSED",
     "CRYPTO_SENDER_ID_LIFETIME_S", "CRYPTO_CLOCK_SKEW_S",
     "CRYPTO_SENDER_ID_MAX_AGE_S", "CRYPTO_KEY_LENGTH", "CRYPTO_KEYS_MAX",  # sealing.py's

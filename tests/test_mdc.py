@@ -1,4 +1,4 @@
-"""Multi-destination-cast (docs/PROTOCOL.md §7.4) between real driver processes on loopback:
+"""Multi-destination-cast (docs/CHANNELS.md §7.4) between real driver processes on loopback:
 one publication's stream to several receive endpoints without multicast, manual
 (``add_destination``) and dynamic (receivers that join at the publication's control address).
 

@@ -1,5 +1,5 @@
 """Dynamic multi-destination-cast's address validation and ``join=`` through real drivers on
-loopback (docs/PROTOCOL.md §7.4.1; tests/test_destinations.py has the rules in process,
+loopback (docs/CHANNELS.md §7.4.1; tests/test_destinations.py has the rules in process,
 tests/test_mdc_validation_hosts.py the attacks on namespace hosts).
 
 A slipstream receiver validates by answering the probe and joins where the stream is; one

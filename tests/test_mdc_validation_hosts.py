@@ -1,4 +1,4 @@
-"""Dynamic multi-destination-cast is no reflector (issue 59; docs/PROTOCOL.md §7.4.1), on
+"""Dynamic multi-destination-cast is no reflector (issue 59; docs/CHANNELS.md §7.4.1), on
 namespace hosts: host 1 publishes at control addresses, host 2 is a legitimate receiver (a
 real driver), host 3 the attacker (tests/mdc_attacker.py, a process in its host), host 4 the
 victim whose address the attacker forges.  Real drivers, the kernel's links, real time.

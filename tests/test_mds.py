@@ -1,4 +1,4 @@
-"""Multi-destination subscriptions (docs/PROTOCOL.md §7.5) between real driver processes on
+"""Multi-destination subscriptions (docs/CHANNELS.md §7.5) between real driver processes on
 loopback: one subscription of ``control-mode=manual`` that receives on several destinations
 (``Subscription.add_destination``), fed by a multi-destination-cast publication that sends to
 each of them, so every datagram arrives twice and the stream is one image.

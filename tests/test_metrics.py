@@ -36,7 +36,7 @@ def test_the_driver_serves_its_counters_to_prometheus(driver_dir: Path) -> None:
     assert "# TYPE slipstream_governor_step gauge" in text
     assert "slipstream_governor_step_total" not in text
     assert value(text, "slipstream_sent_bytes_total") == 0  # IPC only: nothing on a wire
-    # Names that followed a peer to a new address (docs/PROTOCOL.md §7.2): none here.
+    # Names that followed a peer to a new address (docs/CHANNELS.md §7.2): none here.
     assert "# TYPE slipstream_resolution_changes_total counter" in text
     assert value(text, "slipstream_resolution_changes_total") == 0
     assert value(text, "slipstream_clients") == 1

@@ -151,7 +151,7 @@ def test_group_semantics_are_decided_by_one_rule_on_both_sides(
 ])
 def test_only_a_request_publication_asks_for_a_response(uri: str, asks: bool,
                                                         correlation_id: int | None) -> None:
-    """docs/PROTOCOL.md §7.6: response-correlation-id= without control-mode=response is a
+    """docs/CHANNELS.md §7.6: response-correlation-id= without control-mode=response is a
     request publication's, whose SETUP asks for a response; a response publication's names
     the image it answers and asks for nothing; neither is a group."""
     params = network(uri)

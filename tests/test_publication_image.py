@@ -260,7 +260,7 @@ def test_elicit_setup_for_unknown_session_and_session_filter(shm: Path) -> None:
 
 def test_a_request_image_sends_rsp_setup_until_its_response_publication_connects(
         shm: Path) -> None:
-    """docs/PROTOCOL.md §7.6: an image whose SETUP carried SEND_RESPONSE (0x80) asked for a
+    """docs/CHANNELS.md §7.6: an image whose SETUP carried SEND_RESPONSE (0x80) asked for a
     response; once the conductor names the response publication's session, the image sends
     RSP_SETUP (its own session and stream, and that session) to the SETUP's source at once
     and every status-message timeout, until the conductor says it is connected."""
@@ -545,7 +545,7 @@ def test_a_datagram_over_a_shorter_one_already_there_does_not_carry_rcv_pos_over
     assert any(isinstance(n, Nak) and n.term_offset == 320 for n in naks)
 
 
-# -- a multi-destination subscription's image (docs/PROTOCOL.md §7.5) --------------------------
+# -- a multi-destination subscription's image (docs/CHANNELS.md §7.5) --------------------------
 def _via(receiver, frame: bytes, source: tuple[str, int], now_ns: int) -> int:
     """``frame`` arriving through a destination's C receiver from ``source``."""
     from slipstream.daemon._network import lib as network

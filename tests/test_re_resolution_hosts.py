@@ -1,4 +1,4 @@
-"""Names that follow a receiver that moves, on namespace hosts (docs/PROTOCOL.md §7.2, §7.4).
+"""Names that follow a receiver that moves, on namespace hosts (docs/CHANNELS.md §7.2, §7.4).
 
 The publisher's host has a hosts file of its own (``NamespaceHosts.set_names``: the
 ``/etc/netns/<namespace>/hosts`` that ``ip netns exec`` bind-mounts over /etc/hosts), so its

@@ -1,4 +1,4 @@
-"""Response channels (docs/PROTOCOL.md §7.6) between real driver processes on loopback, each
+"""Response channels (docs/CHANNELS.md §7.6) between real driver processes on loopback, each
 driver a host: a client's request stream to a server, and the server's response stream back
 to the client through the address the client's response subscription sends from (what a NAT
 or firewall lets back in), never an endpoint the client names.
@@ -599,7 +599,7 @@ def test_an_image_lost_while_its_response_publication_stays_is_asked_for_again(
         collector.assert_exactly(300, first=200)
 
 
-# -- response channels on encrypted streams (docs/PROTOCOL.md §7.6, §7.8) ---------------------
+# -- response channels on encrypted streams (docs/CHANNELS.md §7.6, §7.8) ---------------------
 def _keyed_driver(launch, keys_dir: Path, keys: list[tuple[int, bytes]] | None = None):
     """A driver whose keys_dir holds key ``k`` (KEY_A as id 1 unless ``keys`` says)."""
     write_keys(keys_dir, "k", [(1, KEY_A)] if keys is None else keys)

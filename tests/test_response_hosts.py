@@ -1,4 +1,4 @@
-"""Response channels (docs/PROTOCOL.md §7.6) to a client behind a NAT and a firewall, on
+"""Response channels (docs/CHANNELS.md §7.6) to a client behind a NAT and a firewall, on
 namespace hosts: host 1 serves, host 2's own iptables rewrites the source port of every UDP
 datagram it sends (a port-rewriting NAT) and drops every UDP datagram that comes in but
 the answers to what it sent (a stateful firewall).  The server cannot reach the client's

@@ -1,4 +1,4 @@
-"""The retransmit handler (docs/PROTOCOL.md §3.5): delay, linger, repeats, pool and overflow, on a
+"""The retransmit handler (docs/DRIVER.md §3.5): delay, linger, repeats, pool and overflow, on a
 real publication's log, and the send endpoint's C dispatch that answers NAKs without Python.
 
 What a NAK resends is queued on the publication (``c.retransmits``) for the data path;

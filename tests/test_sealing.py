@@ -1,5 +1,5 @@
 """Sealed datagrams of encrypted channels (daemon/network_crypto.c through
-slipstream.daemon.media.sealing; docs/PROTOCOL.md §7.8): the codec, the
+slipstream.daemon.media.sealing; docs/CHANNELS.md §7.8): the codec, the
 anti-replay window, two keys at once, and the key files' checks.  No sockets: one context
 seals, another opens, as two endpoints would."""
 

@@ -1,4 +1,4 @@
-"""The retransmit budget against real loss (docs/PROTOCOL.md §5.7, issue 59), in the simulator
+"""The retransmit budget against real loss (docs/DRIVER.md §5.7, issue 59), in the simulator
 with the driver's own agents: receivers that lose 10-20 % of the datagrams on their links
 still get every message exactly once, in order, with the budget at its default, which holds
 a NAK flood to a share of what the stream sends (tests/test_control_binding.py)."""

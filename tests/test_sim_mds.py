@@ -1,4 +1,4 @@
-"""Multi-destination subscriptions (docs/PROTOCOL.md §7.5) in the simulator
+"""Multi-destination subscriptions (docs/CHANNELS.md §7.5) in the simulator
 (``transport = "mds"``): host 1's manual multi-destination-cast publication sends every datagram
 to two ports of host 2 (sim/scenario.py's ``MDS_PORTS``), and host 2's ``control-mode=manual``
 subscription receives on both as its two destinations, as tests/test_mds.py runs it between

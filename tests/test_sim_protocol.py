@@ -204,7 +204,7 @@ def test_many_term_rotations_with_64k_terms():
     assert report.sent * FRAME // (64 * 1024) >= 60  # terms crossed
     # Multicast with fc=min: with the default max flow control a receiver that falls more
     # than the resend window (term/2 + max message = 40 KiB here) behind the fastest one is
-    # left behind for good (its NAKs are outside the window; docs/PROTOCOL.md §3.5).
+    # left behind for good (its NAKs are outside the window; docs/DRIVER.md §3.5).
     report = run_scenario(Scenario(hosts=3, messages=1500, seed=22, channel_params=
                                    "term-length=64k|fc=min", faults=LinkFaults(loss=0.05,
                                                                                delay_ms=1)))

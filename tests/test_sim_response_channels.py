@@ -1,4 +1,4 @@
-"""Response channels (docs/PROTOCOL.md §7.6) in the simulator, as tests/test_response_channels.py
+"""Response channels (docs/CHANNELS.md §7.6) in the simulator, as tests/test_response_channels.py
 runs them between driver processes: host 2, the client, sends requests to host 1, the
 server, and its response subscription (``control-mode=response``) receives the answers on a
 port its driver picked, which the server's response publication learns from the status

@@ -1,4 +1,4 @@
-"""Protocol timings in the simulator against docs/PROTOCOL.md §3-§4 and Aeron's packet captures.
+"""Protocol timings in the simulator against docs/DRIVER.md §3-§4 and Aeron's packet captures.
 
 The captures (tests/data/aeron-captures/*.jsonl, ``t_ms`` per datagram) come from the C media
 driver on loopback; its agents run duty cycles, so its intervals carry ~1 ms of scheduling
@@ -101,7 +101,7 @@ def test_first_status_message_answers_the_first_setup(name):
     setup = capture.select("SETUP", src=PUB)[0]
     first_sm = capture.select("SM", src=SUB1)[0]
     first_heartbeat = capture.select("HB", src=PUB)[0]
-    # docs/PROTOCOL.md §4.2 and §3.1: the image sends its first SM at once; the sender's
+    # docs/DRIVER.md §4.2 and §3.1: the image sends its first SM at once; the sender's
     # first heartbeat follows the first SM at once.  (Aeron creates the image on its
     # conductor thread: 38-92 ms in the captures, still before the next SETUP would be due
     # at 100 ms.)

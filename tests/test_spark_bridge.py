@@ -784,7 +784,7 @@ def test_a_pipeline_reads_from_one_host_and_writes_to_another_over_udp(
     """Host 2 publishes to host 1 over UDP; a streaming query on host 1 transforms each
     message and writes it over UDP to a subscriber back on host 2: 50 windows each way, 3 %
     of the datagrams dropped on both hosts.  Encrypted: both streams with ``key=`` (the
-    bridge passes the channel as it is; docs/PROTOCOL.md §7.8), and nothing crossed plain."""
+    bridge passes the channel as it is; docs/CHANNELS.md §7.8), and nothing crossed plain."""
     settings = dict(HOST_SETTINGS)
     key = ""
     if encrypted:

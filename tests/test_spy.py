@@ -1,4 +1,4 @@
-"""Spy subscriptions (``aeron-spy:aeron:udp?...``, docs/PROTOCOL.md §3.7): a subscription of the
+"""Spy subscriptions (``aeron-spy:aeron:udp?...``, docs/DRIVER.md §3.7): a subscription of the
 publishing host that reads a network publication's own log in place.
 
 Aeron's semantics, as its driver has them (DriverConductor.onAddSpySubscription, linkSpy;

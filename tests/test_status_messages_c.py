@@ -1,4 +1,4 @@
-"""Status messages at a send endpoint's C dispatch (docs/PROTOCOL.md §3.3, §5.2): the C half
+"""Status messages at a send endpoint's C dispatch (docs/DRIVER.md §3.3, §5.2): the C half
 of a unicast publication (``on_status_message`` in daemon/network_receiver.c, on while
 ``NetworkPublication.sync_c_half`` sets ``sm_in_c``) against the rules the Python half runs
 (``NetworkPublication._on_status_message`` and :class:`UnicastFlowControl`).
@@ -352,7 +352,7 @@ def test_a_truncated_or_malformed_sm_is_handed_to_python_which_counts_and_drops_
         sender: Sender, datagram: bytes) -> None:
     """An SM the C half cannot read as a 36-byte frame (too short, or a frame_length other
     than 36) is not taken in C; the Python decoder rejects it (§1.5: an SM is 36 or 44 bytes
-    and fits its datagram; §2: a control frame's frame_length at least its fixed size, at
+    and fits its datagram; §1.10: a control frame's frame_length at least its fixed size, at
     most the datagram) and counts it in INVALID_PACKETS.  Nothing of it reaches snd-lmt,
     even though its fields, read as an SM, would raise it."""
     limit, taken = sender.snd_lmt, sender.c_took
@@ -366,7 +366,7 @@ def test_a_truncated_or_malformed_sm_is_handed_to_python_which_counts_and_drops_
 def test_a_datagram_too_short_for_a_frame_header_is_counted_and_dropped_in_c(
         sender: Sender) -> None:
     """Under 8 bytes (no frame header) the C dispatch counts INVALID_PACKETS and drops the
-    datagram itself (§2): nothing goes to Python."""
+    datagram itself (§1.10): nothing goes to Python."""
     limit = sender.snd_lmt
     sender.deliver(_PLAIN[:7])
     assert sender.passed_up == [] and sender.snd_lmt == limit
@@ -374,7 +374,7 @@ def test_a_datagram_too_short_for_a_frame_header_is_counted_and_dropped_in_c(
 
 
 def test_bytes_after_the_sm_fields_are_ignored(sender: Sender) -> None:
-    """§2: bytes after a control frame's fixed fields are ignored: a 36-byte SM in a longer
+    """§1.10: bytes after a control frame's fixed fields are ignored: a 36-byte SM in a longer
     datagram is an SM, taken in C."""
     sender.deliver(_PLAIN + b"\xff" * 12)
     assert sender.passed_up == [] and sender.c_took == 1

@@ -1,5 +1,5 @@
 """Untethered subscriptions and ``rejoin=false`` on ``aeron:udp``, between real driver
-processes on loopback (docs/PROTOCOL.md §4.7).
+processes on loopback (docs/DRIVER.md §4.7).
 
 * ``tether=false``: a subscription that stops reading holds its image (and so the sender)
   for its window limit timeout, then is left behind (its image goes, with the range it

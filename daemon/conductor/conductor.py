@@ -65,6 +65,7 @@ from slipstream.daemon.conductor.sharing import (
 from slipstream.daemon.conductor.untethered import tether_for
 from slipstream.daemon.conductor.watch import WordWatch
 from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.media.names import NameCache
 from slipstream.daemon.pressure.episodes import (
     EPISODE_SAMPLE_INTERVAL_NS,
     EpisodeEvent,
@@ -120,12 +121,14 @@ class DriverConductor:
                  transports: NetworkTransports | None = None,
                  wake_network: Callable[[], None] = lambda: None,
                  wake_conductor: Callable[[], None] = lambda: None,
-                 image_logs: LogMaking = LogMaking.INLINE) -> None:
+                 image_logs: LogMaking = LogMaking.INLINE,
+                 name_cache: NameCache | None = None) -> None:
         """``transports`` opens UDP endpoints (None: this conductor carries IPC only);
         ``wake_network`` and ``wake_conductor`` are called (from any thread) when the network
         agents or the conductor have new work; ``image_logs``: where images' logs are made
         (a driver process: a worker thread; an embedded driver: one a cycle; the simulator:
-        at once)."""
+        at once); ``name_cache``: the driver's resolver's answers, which channels' host names
+        are replaced with as they are added (None: an empty one: IP literals only)."""
         self.settings = settings
         self.directory = directory
         self.counters = counters
@@ -155,7 +158,7 @@ class DriverConductor:
                 rng=random.Random(self._rng.getrandbits(64)),
                 new_id=self._new_id, new_session_id=self._new_session_id,
                 wake_network=wake_network, wake_conductor=wake_conductor,
-                image_logs=image_logs)
+                image_logs=image_logs, name_cache=name_cache)
         self._next_timer_ns = 0
         self._last_cycle_ns = 0
         self.drain_phase = DrainPhase.NONE
@@ -856,7 +859,7 @@ class DriverConductor:
             return min(deadline, self._last_cycle_ns + EPISODE_SAMPLE_INTERVAL_NS)
         return deadline
 
-    # -- graceful drain (pause credit, never fill a buffer: docs/PROTOCOL.md §6.2) -------------
+    # -- graceful drain (pause credit, never fill a buffer: docs/DRIVER.md §6.2) -------------
     def begin_drain(self, now_ns: int) -> None:
         """Stop granting credit: every offer from now on is back-pressured.  What the logs
         already hold is still sent and read; :meth:`drain` says when that is done."""
@@ -947,7 +950,7 @@ _NOT_CARRIED_YET: tuple[tuple[str, Callable[[Channel, bool], bool], str], ...] =
      "image went do not come back)"),
     # control-mode=manual on a subscription is a multi-destination subscription
     # (daemon/conductor/network_receive.py, add_receive_destination).
-    # Response channels are aeron:udp's here (docs/PROTOCOL.md §7.6); Aeron also has them
+    # Response channels are aeron:udp's here (docs/CHANNELS.md §7.6); Aeron also has them
     # between IPC publications and subscriptions.
     ("control-mode", lambda c, _: c.is_response and c.is_ipc,
      "response channels on aeron:ipc (control-mode=response: slipstream carries them on "

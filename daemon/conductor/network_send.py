@@ -1,6 +1,6 @@
 """The network side's send half: network publications, their send endpoints, a
 multi-destination-cast endpoint's destinations (manual ones added by the client; dynamic ones
-the sender learns), response publications (docs/PROTOCOL.md §7.6), and what the pressure
+the sender learns), response publications (docs/CHANNELS.md §7.6), and what the pressure
 governor samples of the publications.
 
 Owns what the conductor keeps of each publication (:class:`_PublicationEntry`: its log, its
@@ -89,7 +89,7 @@ from slipstream.daemon.media.events import (
     PublicationRejected,
     RetargetFailed,
 )
-from slipstream.daemon.media.names import NameWatch
+from slipstream.daemon.media.names import NameCache, NameWatch
 from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.pressure.episodes import (
     BackPressureEpisodes,
@@ -120,6 +120,7 @@ class SendSide:
                  receive_endpoints: dict[tuple[Any, ...], _ReceiveEndpointEntry],
                  spy_subscriptions: SpySubscriptions,
                  names: NameWatch[_SendEndpointEntry | _NamedDestination],
+                 name_cache: NameCache,
                  log_maker: ImageLogMaker | None = None) -> None:
         """``log_maker``: where a released publication's log is zeroed for reuse or deleted,
         off this thread in a driver process (:meth:`ImageLogMaker.discard`), and its pool,
@@ -159,6 +160,8 @@ class SendSide:
         #: How much of the text receivers send (ERR reasons) reaches the log.
         self._remote_text = RemoteTextLimiter()
         self.names = names
+        #: The resolver's answers, which channels' names are replaced with as they are added.
+        self.name_cache = name_cache
 
     # -- publications and their send endpoints ------------------------------------------------
     def add_publication(self, client_key: bytes, channel: Channel, stream_id: int,
@@ -168,7 +171,7 @@ class SendSide:
         publication of its own (its own session and log, which nobody joins).  Returns it and
         the registration id of this publisher."""
         given = channel.endpoint
-        channel = _resolved(channel, self.transports.local_addresses)
+        channel = _resolved(channel, self.name_cache, self.transports.local_addresses)
         destination = destination_of(channel)
         #: A unicast endpoint= given as a name: its peer may move (a pod rescheduled).
         name = (given.host if given is not None and given.ip is None
@@ -428,7 +431,7 @@ class SendSide:
         """The name of ``endpoint``'s peer resolved to ``new`` (it sent to ``old``): the
         sender connects its socket there (its publications' SETUP, heartbeats and data go
         there from the next duty cycle), the endpoint is found by its new address from now
-        on, and RESOLUTION_CHANGES counts it (docs/PROTOCOL.md §7.2)."""
+        on, and RESOLUTION_CHANGES counts it (docs/CHANNELS.md §7.2)."""
         ((_, port), interface), sealing = endpoint.key
         address: Address = (new, port)
         self.sender_proxy.on_resolution_change(endpoint.endpoint, address)
@@ -480,7 +483,7 @@ class SendSide:
     def on_destination_moved(self, named: _NamedDestination, old: str, new: str) -> None:
         """The name of a manual destination resolved to ``new`` (it was sent to at ``old``):
         the endpoint sends to the new address in its place (the sender's table: removed,
-        then added, in one pass), and RESOLUTION_CHANGES counts it (docs/PROTOCOL.md §7.4)."""
+        then added, in one pass), and RESOLUTION_CHANGES counts it (docs/CHANNELS.md §7.4)."""
         endpoint = named.endpoint
         uri = endpoint.manual_destinations.pop(named.address, None)
         if uri is None or endpoint.state is not _EndpointState.OPEN:
@@ -516,7 +519,7 @@ class SendSide:
         if entry.destinations_counter_id is not None:
             self.counters.free(entry.destinations_counter_id)
 
-    # -- response channels (docs/PROTOCOL.md §7.6) -------------------------------------------
+    # -- response channels (docs/CHANNELS.md §7.6) -------------------------------------------
     def _check_response_keys(self, channel: Channel) -> _ImageEntry | None:
         """A publication's response keys, checked before anything is made (Aeron's
         validateResponseSubscription and findResponsePublicationImage): a response
@@ -666,7 +669,8 @@ class SendSide:
             raise ChannelError(uri, sorted(extra)[0],
                                "a destination takes endpoint= only; the other keys belong "
                                "to the publication's channel")
-        destination = _resolved(destination, self.transports.local_addresses)
+        destination = _resolved(destination, self.name_cache,
+                                self.transports.local_addresses)
         address = destination_of(destination, sending=False)
         ip = ipaddress.ip_address(address[0])
         socket_version = ip_version_of(entry.channel)

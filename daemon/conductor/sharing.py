@@ -58,7 +58,7 @@ def response_bind_address(channel: Channel) -> Address:
     """Where a response subscription (``control-mode=response|control=SERVER:PORT``)
     receives: ``interface=``'s address and port, else any address of the control address's
     IP version, and a port the system picks (0).  Its server's response publication learns
-    the address from the status messages sent from there (docs/PROTOCOL.md §7.6), so it
+    the address from the status messages sent from there (docs/CHANNELS.md §7.6), so it
     names no endpoint of its own.  ChannelError names ``endpoint`` (given) or ``control``
     (missing)."""
     if channel.endpoint is not None:
@@ -83,7 +83,7 @@ def endpoint_key(channel: Channel, address: Address) -> tuple[Any, ...]:
     multi-destination-cast control mode and control address (and interface) share one, and
     its destinations (as Aeron's send channel endpoints, by the channel's canonical form); so
     do the response publications of one control address (each with a table of its own), and
-    the response subscriptions of one (docs/PROTOCOL.md §7.6)."""
+    the response subscriptions of one (docs/CHANNELS.md §7.6)."""
     interface = str(channel.interface) if channel.interface is not None else ""
     if address == ALL_DESTINATIONS or channel.is_response:
         control = str(channel.control) if channel.control is not None else ""

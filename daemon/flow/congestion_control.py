@@ -1,4 +1,4 @@
-"""The congestion-control interface (docs/PROTOCOL.md §4.5): the receiver window an image
+"""The congestion-control interface (docs/DRIVER.md §4.5): the receiver window an image
 advertises in its status messages, and when to measure the round trip.
 
 Congestion control runs in the receiver's image, as in Aeron: the sender follows the window

@@ -1,5 +1,5 @@
 """CUBIC congestion control (``cc=cubic``): the receiver window grown and cut as Aeron's
-CubicCongestionControl does (docs/PROTOCOL.md §4.5; RFC 8312's window function in units of
+CubicCongestionControl does (docs/DRIVER.md §4.5; RFC 8312's window function in units of
 the sender's MTU).
 
 The window is ``cwnd`` datagrams of the sender's MTU, at most ``max_cwnd`` (the static window

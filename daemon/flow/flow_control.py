@@ -1,4 +1,4 @@
-"""The flow-control interface (docs/PROTOCOL.md §5): how status messages move a publication's
+"""The flow-control interface (docs/DRIVER.md §5): how status messages move a publication's
 sender limit (``snd-lmt``).
 
 One small class per strategy behind this interface (the h2 ``windows.py`` model), each in its

@@ -15,7 +15,7 @@ from slipstream.daemon.protocol.types import Address
 # (aeron_flow_control.h AERON_MIN_FLOW_CONTROL_RETRANSMIT_RECEIVER_WINDOW_MULTIPLE)
 MIN_RETRANSMIT_WINDOW_MULTIPLE = 16
 #: Status messages a new receiver sends, over at least the admission interval, before it
-#: may hold the sender back (docs/PROTOCOL.md §5.7).
+#: may hold the sender back (docs/DRIVER.md §5.7).
 ADMISSION_STATUS_MESSAGES = 3
 #: Receivers being heard at once at most: an SM naming yet another new receiver waits until
 #: one is admitted or forgotten (a flood of receiver ids costs bounded memory).
@@ -53,7 +53,7 @@ class MinMulticastFlowControl(FlowControl):
     """The slowest live receiver sets the pace (aeron_min_flow_control.c, ``fc=min``).
 
     Keeps ``receiver_id -> (position + window, time of last SM)``; the rules are Aeron's
-    (docs/PROTOCOL.md §5.3, §5.4):
+    (docs/DRIVER.md §5.3, §5.4):
 
     * an SM gives ``max(snd_lmt, min over receivers)``; while fewer than ``group_min_size``
       receivers are known the limit stays and the publication is not connected (this is
@@ -65,7 +65,7 @@ class MinMulticastFlowControl(FlowControl):
     * :meth:`on_idle` drops receivers silent for ``receiver_timeout_ns`` and those flagged
       end-of-stream (an EOS SM or an ERR naming them: they stay counted until then), and
       gives the minimum itself, so a receiver that joined behind pulls the limit back;
-    * admission (slipstream's, docs/PROTOCOL.md §5.7; ``admission_interval_ns`` 0 turns it
+    * admission (slipstream's, docs/DRIVER.md §5.7; ``admission_interval_ns`` 0 turns it
       off, as Aeron): a new receiver is tracked only once it was heard consistently, three
       SMs over at least ``admission_interval_ns``, each one past the last or with all that
       was sent (``sender_position``), none a window behind the one before (none ahead of
@@ -82,7 +82,7 @@ class MinMulticastFlowControl(FlowControl):
       the next SETUP caps the computed limit until a new receiver is added or one receiver
       timeout passes, so a newcomer can join before the window moves on (Aeron caps on any
       S-flagged SM; one from a receiver that has joined meanwhile stalled every receiver for
-      the timeout, docs/PROTOCOL.md §5.4).
+      the timeout, docs/DRIVER.md §5.4).
     """
 
     uri = strategy_grammar.MIN

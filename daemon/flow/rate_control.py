@@ -1,4 +1,4 @@
-"""NAK-strength send-rate adaptation (``rc=nak-strength``; docs/FLOW.md, docs/PROTOCOL.md §5.6).
+"""NAK-strength send-rate adaptation (``rc=nak-strength``; docs/FLOW.md, docs/DRIVER.md §5.6).
 
 Receivers say how full they are; the sender adapts its rate.  No list of receivers: a receiver
 that pauses or dies stops signalling and costs the sender nothing, which is the point of the

@@ -2,7 +2,7 @@
 
 A channel with ``control-mode=manual`` or ``control-mode=dynamic`` has no one endpoint: its send
 endpoint sends every datagram (data, retransmissions, heartbeats, SETUP) to each destination of
-its :class:`DestinationTable` (docs/PROTOCOL.md §7.4).  A response publication
+its :class:`DestinationTable` (docs/CHANNELS.md §7.4).  A response publication
 (``control-mode=response``, §7.6) has a table of its own with at most one destination.
 
 * **manual**: the publication's ``add_destination`` / ``remove_destination`` change the list;
@@ -17,7 +17,7 @@ its :class:`DestinationTable` (docs/PROTOCOL.md §7.4).  A response publication
   destination (:meth:`DestinationTable.learn_response_destination`), kept until a later one
   replaces it or the publication goes.
 
-Address validation (dynamic mode; RFC 9000 section 8.1's rule, docs/PROTOCOL.md §7.4.1).  A
+Address validation (dynamic mode; RFC 9000 section 8.1's rule, docs/CHANNELS.md §7.4.1).  A
 status message's source address can be forged, so a source is not sent the stream on its
 word: a candidate is in no C table (the data path never sends to it), and what the endpoint
 sends it (the validation probes) is charged against three times the bytes that arrived from it
@@ -84,7 +84,7 @@ ALL_DESTINATIONS: Final[Address] = ("0.0.0.0", 0)
 class ControlMode(enum.Enum):
     MANUAL = "manual"
     DYNAMIC = "dynamic"
-    #: A response publication's own table (docs/PROTOCOL.md §7.6): one destination, the
+    #: A response publication's own table (docs/CHANNELS.md §7.6): one destination, the
     #: source of the latest setup-eliciting status message naming its session (its client's
     #: response subscription), as Aeron's response publication keeps its endpoint address.
     RESPONSE = "response"
@@ -247,7 +247,7 @@ class DestinationTable:
     def silent(self, now_ns: int, timeout_ns: int) -> frozenset[Address]:
         """Manual mode: the destinations no status message came from within ``timeout_ns``
         (since they were added, for one never heard): a destination given by host name is
-        resolved again then (docs/PROTOCOL.md §7.4)."""
+        resolved again then (docs/CHANNELS.md §7.4)."""
         return frozenset(d.address for d in self._destinations.values()
                          if now_ns - d.last_seen_ns >= timeout_ns)
 

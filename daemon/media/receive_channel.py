@@ -5,7 +5,7 @@ goes to its images, or asks for one.
 ``aeron_receive_channel_endpoint`` + ``aeron_data_packet_dispatcher``).  It owns the
 :class:`PublicationImage` objects of that endpoint, keyed by ``(session_id, stream_id)``, and
 the C image table (:attr:`ReceiveChannel.c`, an ``ss_receiver_t``) through which the data path
-inserts DATA without Python.  Dispatch rules (docs/PROTOCOL.md §4.1):
+inserts DATA without Python.  Dispatch rules (docs/DRIVER.md §4.1):
 
 * DATA/PAD/heartbeat for a known image → the C data path (every frame validated, over- and
   under-runs dropped, the hwm raised); never Python;
@@ -14,7 +14,7 @@ inserts DATA without Python.  Dispatch rules (docs/PROTOCOL.md §4.1):
   second while it has subscriptions: the sender adds it as a destination and sends SETUP;
   its images' SMs and NAKs go to the control address too.  A response subscription's
   endpoint (``control-mode=response``) names each session it wants and has had no image
-  of instead (docs/PROTOCOL.md §7.6);
+  of instead (docs/CHANNELS.md §7.6);
 * DATA/heartbeat (not EOS) for a subscribed stream whose session has no image → an
   *elicited SETUP*: an SM with the S flag (0x80), term id/offset/window 0, to the source
   (or the control group for multicast); the session is then PENDING_SETUP for 1 s;
@@ -23,7 +23,7 @@ inserts DATA without Python.  Dispatch rules (docs/PROTOCOL.md §4.1):
   the log and counters off the receive loop and answers with :meth:`add_image` (or
   :meth:`reject_image`); the session is PENDING_IMAGE meanwhile;
 * RTTM → the image; malformed datagrams → ``INVALID_PACKETS``, dropped, never raised;
-* a multi-destination subscription (``control-mode=manual``, docs/PROTOCOL.md §7.5) has no
+* a multi-destination subscription (``control-mode=manual``, docs/CHANNELS.md §7.5) has no
   socket of its own: each destination's C receiver (:meth:`attach_destination`) reads its
   socket into this channel's image table, its images take data from any source and keep a
   path per destination, and what Python answers leaves through the destination it came by
@@ -154,7 +154,7 @@ class ReceiveChannel:
         #: joins by sending setup-eliciting SMs to the control address while it has
         #: subscriptions, every ELICIT_SETUP_INTERVAL_NS (:meth:`datagrams_to_send`).
         self.joins_at_control = channel.control is not None and channel.control_group is None
-        #: A multi-destination subscription (control-mode=manual, docs/PROTOCOL.md §7.5): no
+        #: A multi-destination subscription (control-mode=manual, docs/CHANNELS.md §7.5): no
         #: socket of its own; each destination's C receiver (attach_destination) reads one
         #: socket into this channel's images, and its images keep a path per destination.
         self.multi_destination = channel.control_mode == ControlMode.MANUAL.value
@@ -162,7 +162,7 @@ class ReceiveChannel:
         #: The destination whose datagrams Python is handling now (its transport sets it
         #: around dispatch): replies to them leave through it.  -1: none.
         self.arrival_destination = -1
-        #: A response subscription's endpoint (control-mode=response, docs/PROTOCOL.md §7.6):
+        #: A response subscription's endpoint (control-mode=response, docs/CHANNELS.md §7.6):
         #: its joins name each session it was told of (RSP_SETUP) that a subscription wants,
         #: not session 0, since a response publication learns its one client from those.
         self.is_response = channel.is_response
@@ -627,7 +627,7 @@ class ReceiveChannel:
             self._next_join_ns = now_ns
 
     def on_peer_handshake(self, now_ns: int) -> None:
-        """A peer of this encrypted endpoint exchanged a handshake with it (docs/PROTOCOL.md
+        """A peer of this encrypted endpoint exchanged a handshake with it (docs/CHANNELS.md
         §7.8), having dropped what made it ask, a joining SM perhaps: the next join goes at
         once rather than an ELICIT_SETUP_INTERVAL_NS later."""
         if self._next_join_ns != NO_DEADLINE:

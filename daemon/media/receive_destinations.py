@@ -1,5 +1,5 @@
 """A multi-destination subscription's receive endpoint (``control-mode=manual``,
-docs/PROTOCOL.md §7.5; Aeron's ReceiveChannelEndpoint over a MultiRcvDestination).
+docs/CHANNELS.md §7.5; Aeron's ReceiveChannelEndpoint over a MultiRcvDestination).
 
 The endpoint has no socket of its own: each destination its subscriptions add is a receive
 transport of its own (a UDP socket, ``daemon/media/udp.py``, or the simulator's virtual one,

@@ -1,5 +1,5 @@
 """Encrypted channels' keys, and the C contexts that seal and open their endpoints'
-datagrams (docs/PROTOCOL.md §7.8).
+datagrams (docs/CHANNELS.md §7.8).
 
 A channel's ``key=NAME`` names the file ``NAME.key`` in the driver's ``keys_dir``: one or two
 lines ``<id> <64 hex digits>`` (an id 0-255, a 32-byte key), ``#`` comments and blank lines

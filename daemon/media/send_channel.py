@@ -2,7 +2,7 @@
 NAK-strength signals arriving at a send endpoint go to its publications (Aeron's
 ``aeron_send_channel_endpoint`` dispatch); an RSP_SETUP for a request publication becomes a
 :class:`ResponseSetupArrived` for the conductor; a response publication learns its one
-destination here (docs/PROTOCOL.md §7.6); a dynamic multi-destination-cast endpoint's new
+destination here (docs/CHANNELS.md §7.6); a dynamic multi-destination-cast endpoint's new
 sources validate here before they are destinations (§7.4.1).
 
 Units: times in ns.
@@ -258,7 +258,7 @@ class SendChannel:
     def _from_unvalidated(self, table: DestinationTable, frame: object, length: int,
                           source: Address, now_ns: int) -> None:
         """A control frame at a dynamic endpoint from ``source``, no validated destination
-        (docs/PROTOCOL.md §7.4.1).  Outside the ``join=`` subnets it is dropped.  A status
+        (docs/CHANNELS.md §7.4.1).  Outside the ``join=`` subnets it is dropped.  A status
         message naming a stream of the endpoint makes its source a candidate (or adds to one's
         allowance) and is answered, within the 3x allowance, by a probe carrying the
         candidate's token: a joining receiver's (session 0) by a heartbeat of each stream it
@@ -345,7 +345,7 @@ class SendChannel:
     def _learn_response_destination(self, publication: NetworkPublication,
                                     table: DestinationTable, sm: StatusMessage,
                                     source: Address) -> bool:
-        """A status message for response publication ``publication`` (docs/PROTOCOL.md §7.6):
+        """A status message for response publication ``publication`` (docs/CHANNELS.md §7.6):
         whether it goes on to the publication.  A setup-eliciting one makes its source the one
         destination, unless the destination has a live receiver and the SM is another
         receiver's (a stray or forged one would take the stream from its client for good);

@@ -8,7 +8,7 @@ This is the I/O shell of the network stack (the sans-I/O core never sees a socke
   through the same send point in C (:mod:`~slipstream.daemon.media.send_point`), and receives
   the status messages, NAKs and RTTMs that come back with ``recvmmsg`` in C.  Unicast: bound
   to ``control=``, else to ``interface=`` (its port, if it names one: Aeron's local address),
-  else to an ephemeral port, and connected to the endpoint.  Multicast (docs/PROTOCOL.md
+  else to an ephemeral port, and connected to the endpoint.  Multicast (docs/CHANNELS.md
   §7.2): bound to the control group (data group + 1, same port) which it joins, sending to the
   data group;
 * a **receive endpoint** (one per address subscribed to) receives with ``recvmmsg`` in C, which
@@ -194,11 +194,19 @@ def _family(host: str) -> socket.AddressFamily:
 
 
 def _interface_address(channel: Channel) -> str | None:
-    """The ``interface=`` host as an IP literal, or None (a name was resolved as the channel
-    was added: :mod:`slipstream.daemon.media.names`)."""
+    """The ``interface=`` host as an IP literal's canonical text, or None when there is none.
+    A name was replaced by its address as the channel was added
+    (:mod:`slipstream.daemon.media.names`): a transport resolves nothing, and one given a
+    name is refused, naming it."""
     if channel.interface is None:
         return None
-    return names.lookup(channel, "interface", channel.interface.host)
+    host = channel.interface.host
+    address = names.ip_literal(host)
+    if address is None:
+        raise ChannelError(str(channel), "interface",
+                           f"{host!r} is a name: it is resolved as its channel is added, "
+                           f"never by a transport")
+    return address
 
 
 _AF_UNSPEC_SOCKADDR: Final = struct.pack("=H14x", socket.AF_UNSPEC)
@@ -396,7 +404,7 @@ class UdpSendTransport(_UdpTransport):
         taken = self._control.dispatch(channel.c, now_ns, channel.on_control)
         if channel.c.handshake_taken:
             # A receiver may just have got its session, having dropped the SETUP that made it
-            # ask (docs/PROTOCOL.md §7.8).
+            # ask (docs/CHANNELS.md §7.8).
             channel.c.handshake_taken = 0
             for publication in channel.publications.values():
                 publication.on_peer_handshake(now_ns)
@@ -465,7 +473,7 @@ class UdpReceiveTransport(_UdpTransport):
             return 0
         if receiver.handshake_taken:
             # A publication may just have got this endpoint's session, having dropped the
-            # joining SM that made it ask (docs/PROTOCOL.md §7.8).
+            # joining SM that made it ask (docs/CHANNELS.md §7.8).
             receiver.handshake_taken = 0
             channel.on_peer_handshake(now_ns)
         return self._receive.dispatch(receiver, now_ns, channel.on_control)

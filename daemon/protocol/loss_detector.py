@@ -1,4 +1,4 @@
-"""Loss detection and NAK timing on the receiver (docs/PROTOCOL.md §4.4; aeron_loss_detector.c).
+"""Loss detection and NAK timing on the receiver (docs/DRIVER.md §4.4; aeron_loss_detector.c).
 
 An image's rebuild pass (``ss_image_track_rebuild``, daemon/network_duty.c) scans with the
 detector's C struct (:attr:`LossDetector.c`); :meth:`LossDetector.scan` is one term's scan

@@ -158,7 +158,7 @@ class PublicationParams:
     spies_simulate_connection: bool = False
     #: A request publication's (response-correlation-id= without control-mode=response):
     #: its SETUP carries SEND_RESPONSE, and the RSP_SETUP its image's driver answers names
-    #: this response subscription's registration id (docs/PROTOCOL.md §7.6).
+    #: this response subscription's registration id (docs/CHANNELS.md §7.6).
     sends_response_setup: bool = False
     #: response-correlation-id= (None without): a request publication's response
     #: subscription, or a response publication's request image (their registration ids).

@@ -1,4 +1,4 @@
-"""The sender's answer to NAKs (docs/PROTOCOL.md §3.5; aeron_retransmit_handler.c).
+"""The sender's answer to NAKs (docs/DRIVER.md §3.5; aeron_retransmit_handler.c).
 
 Each NAK becomes a *retransmit action* with a small state machine::
 
@@ -51,7 +51,7 @@ class ActionState(enum.IntEnum):
 
 @attrs.frozen
 class RetransmitBudget:
-    """What NAKs may make one publication resend (docs/PROTOCOL.md §5.7): a bucket of
+    """What NAKs may make one publication resend (docs/DRIVER.md §5.7): a bucket of
     ``cap`` bytes (its term window), full at the start, that earns ``percent`` % of each
     byte of new data sent and ``cap`` bytes per ``interval_ns``; a NAK that finds it empty is
     dropped and counted (``NAK_BUDGET_DROPS``).  ``position`` and ``now_ns``: where and when

@@ -1,4 +1,4 @@
-"""A publication's durable position (``durable=TAG/N``, docs/PROTOCOL.md §7.7): the position
+"""A publication's durable position (``durable=TAG/N``, docs/CHANNELS.md §7.7): the position
 that at least N receivers of group tag TAG have reported consuming in their status messages.
 
 A receiver's status message carries its host's slowest subscriber position (the consumption
@@ -26,7 +26,7 @@ Rules:
   there under ``fc=tagged,g:TAG/N``, so there the receivers count from the start; under
   ``max`` or ``min`` a tagged receiver that joins after data went out never counts;
 * what an image takes since an SM at position p: frames that end within half a term of p
-  (its over-run bound, docs/PROTOCOL.md §4.3, whatever window the SMs advertise: the cleaner
+  (its over-run bound, docs/DRIVER.md §4.3, whatever window the SMs advertise: the cleaner
   narrows it, another receiver's SMs may move the sender further), then a padding frame whose
   header ends there, which stands for its whole length (the rest of a term, or an aborted
   claim: the sender sends its header alone, past its limit). Its consumption moves as far in

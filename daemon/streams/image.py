@@ -12,7 +12,7 @@ in place (``client.image.Image``) and publish their positions in int64 cells
 (``sub-pos`` counters) that this object reads.  Frames for the image from an address other
 than its SETUP's are dropped (FOREIGN_SOURCE_DROPS).
 
-Receiving (docs/PROTOCOL.md §4.3, ``aeron_publication_image_insert_packet``, done in C):
+Receiving (docs/DRIVER.md §4.3, ``aeron_publication_image_insert_packet``, done in C):
 
 * frames of terms before the initial term are dropped;
 * over-run: ``position + length > last SM position + term_length/2`` → dropped
@@ -34,7 +34,7 @@ half's ``ss_image_status_message_due``, which this object runs too) when the min
 subscriber position moved past ``last scheduled + window/4`` (the 25 % rule) or the window
 changed, and one goes every ``status_message_timeout`` (200 ms) at the position subscribers
 have reached by then.  An image with a group tag (``gtag=``, the
-receivers that make messages durable, docs/PROTOCOL.md §7.7) also sends one as soon as its
+receivers that make messages durable, docs/CHANNELS.md §7.7) also sends one as soon as its
 slowest subscriber consumed all it received (the catch-up rule, at most one per
 ``status_message_catch_up_interval``; the C half's, ``ss_image_catch_up_due``).  Window
 (static congestion control) = ``min(rcv-wnd or 128 KiB, term_length/2)``.  For a reliable
@@ -159,7 +159,7 @@ class PublicationImage:
         self.join_position = join = self._position(setup.active_term_id, setup.term_offset)
         cc = congestion_control_for(params, term_length, setup.mtu, now_ns)
         #: Its SETUP carried SEND_RESPONSE: a request stream, whose client wants a response
-        #: publication made for it (docs/PROTOCOL.md §7.6).
+        #: publication made for it (docs/CHANNELS.md §7.6).
         self.wants_response = setup.wants_response
 
         # -- sampled: counters the receiver publishes; any thread reads them ---------------
@@ -246,7 +246,7 @@ class PublicationImage:
         raw_source = sockaddr(source)
         c.source = raw_source
         # A multi-destination image hears its sender on several paths, each from its own
-        # address (docs/PROTOCOL.md §7.5): its data is checked by session, not by source.
+        # address (docs/CHANNELS.md §7.5): its data is checked by session, not by source.
         c.source_length = 0 if destinations else len(raw_source)
         self._connections = None
         if destinations:
@@ -747,7 +747,7 @@ class PublicationImage:
         (also set for now by a transition to DRAINING, whose SMs carry EOS, and by congestion
         control) and a changed window's.  A repeat on the timeout reports what subscribers
         consumed by now, not the values last scheduled as Aeron's C driver does
-        (docs/PROTOCOL.md §4.6, seen on the wire): a sender that drains learns its receivers
+        (docs/DRIVER.md §4.6, seen on the wire): a sender that drains learns its receivers
         took the last bytes of the stream (Aeron 1.15's Java receiver did too,
         tests/test_interop.py)."""
         c = self.c

@@ -1,7 +1,9 @@
 """Who runs each per-stream rule, the C half or the Python half: the one table of it; and
 which thread owns each field and method of a stream object (:data:`PUBLICATION_THREADS`,
 :data:`IMAGE_THREADS`; tests/test_thread_ownership.py holds the conductor to them, and the
-stream objects' code to sections headed by those owners, :data:`SECTION_HEADINGS`).
+stream objects' code to sections headed by those owners, :data:`SECTION_HEADINGS`), and of
+the driver's host-name cache and resolver (:data:`NAME_THREADS`; tests/test_names.py runs a
+driver and checks each was called on its owner's thread only).
 
 A network stream's rules (status messages, heartbeats, pub-lmt's steps, cleaning, the rebuild
 pass and its NAKs, liveness) run in the two halves of the network thread: the Python half
@@ -177,6 +179,7 @@ def markdown() -> str:
 CONDUCTOR = "conductor"
 SENDER = "sender"
 RECEIVER = "receiver"
+RESOLVER = "resolver"
 FIXED = "fixed"
 SAMPLED = "sampled"
 
@@ -188,6 +191,8 @@ OWNERS: dict[str, str] = {
     CONDUCTOR: "the conductor's thread alone",
     SENDER: "the sender's thread alone (its Python half, and its C half's words)",
     RECEIVER: "the receiver's thread alone",
+    RESOLVER: "a resolver's thread (one per command, daemon/media/names.py): what it resolves "
+              "alone",
 }
 
 
@@ -241,6 +246,16 @@ IMAGE_THREADS: dict[str, str] = _owned(
         liveness_timeout_ns group_tag is_group reliable receiver_id sender_mtu source""",
 )
 
+#: Every public method of :class:`~slipstream.daemon.media.names.NameCache` (its answers:
+#: no lock, for nothing else touches them) and
+#: :class:`~slipstream.daemon.media.names.NameResolver`, by owner, with ``resolve``: the
+#: blocking resolution itself, which a resolver's thread runs, never the conductor's.
+NAME_THREADS: dict[str, dict[str, str]] = {
+    "NameCache": _owned(conductor="unresolved store lookup"),
+    "NameResolver": _owned(conductor="submit answered"),
+    "resolve": _owned(resolver="resolve"),
+}
+
 #: What the conductor's thread may touch of a handed-over stream object.
 CONDUCTOR_MAY = frozenset((CONDUCTOR, FIXED, SAMPLED))
 
@@ -252,14 +267,17 @@ SECTION_HEADINGS: dict[str, str] = {
     CONDUCTOR: "the conductor thread's",
     SENDER: "the sender thread's",
     RECEIVER: "the receiver thread's",
+    RESOLVER: "a resolver thread's",
 }
 
 
 def threads_markdown() -> str:
-    """:data:`PUBLICATION_THREADS` and :data:`IMAGE_THREADS` as docs/ARCHITECTURE.md shows
-    them: a row per stream object and owner."""
-    lines = ["| stream | owner | who may touch it | fields and methods |", "|---|---|---|---|"]
-    for stream, table in ((PUBLICATION, PUBLICATION_THREADS), (IMAGE, IMAGE_THREADS)):
+    """:data:`PUBLICATION_THREADS`, :data:`IMAGE_THREADS` and :data:`NAME_THREADS` as
+    docs/ARCHITECTURE.md shows them: a row per object and owner."""
+    lines = ["| object | owner | who may touch it | fields and methods |", "|---|---|---|---|"]
+    tables = ((PUBLICATION, PUBLICATION_THREADS), (IMAGE, IMAGE_THREADS),
+              *((f"names: `{name}`", table) for name, table in NAME_THREADS.items()))
+    for stream, table in tables:
         for owner, meaning in OWNERS.items():
             names = ", ".join(f"`{name}`" for name, o in table.items() if o == owner)
             if names:

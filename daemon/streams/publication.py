@@ -33,7 +33,7 @@ Retransmits (from NAKs, through :class:`RetransmitHandler`) are spans of the log
 States: :data:`~slipstream.daemon.streams.states.PUBLICATION_TRANSITIONS`, the only place
 they change being :meth:`NetworkPublication._transition`.
 
-Connection (docs/PROTOCOL.md §3.3, §5): a receiver is live while its SMs arrive within
+Connection (docs/DRIVER.md §3.3, §5): a receiver is live while its SMs arrive within
 ``publication_connection_timeout`` (5 s; :mod:`~slipstream.daemon.streams.receivers`).  The
 publication is *connected* while it has live receivers that flow control accepts; then
 ``pub-lmt = snd-pos + term window`` and the log is cleaned one term behind ``snd-pos`` (a
@@ -176,7 +176,7 @@ class NetworkPublication:
         # SEND_RESPONSE: a request publication asks its image's driver for an RSP_SETUP.
         self._setup_flags = ((SETUP_GROUP_FLAG if self.is_group else 0)
                              | (SETUP_SEND_RESPONSE_FLAG if params.sends_response_setup else 0))
-        #: response-correlation-id= (docs/PROTOCOL.md §7.6): a request publication's response
+        #: response-correlation-id= (docs/CHANNELS.md §7.6): a request publication's response
         #: subscription (RSP_SETUP names it to the conductor), or a response publication's
         #: request image; None without.
         self.response_correlation_id = params.response_correlation_id
@@ -684,7 +684,7 @@ class NetworkPublication:
         c.sm_in_c = int(take)
 
     def on_peer_handshake(self, now_ns: int) -> None:
-        """A peer of its encrypted endpoint just got its session (docs/PROTOCOL.md §7.8),
+        """A peer of its encrypted endpoint just got its session (docs/CHANNELS.md §7.8),
         having dropped the SETUP that made it ask: while SETUPs are due, the next goes at
         once rather than a SETUP interval later."""
         self._time_of_last_setup_ns = now_ns - SETUP_TIMEOUT_NS
@@ -699,7 +699,7 @@ class NetworkPublication:
     def _on_status_message(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
         # An honest receiver reports a position it consumed, so within the stream (not before
         # its initial term, an offset within a term) and never past snd-pos, and a window of
-        # at most half a term (docs/PROTOCOL.md §3.3).  Anything else would let a stray or
+        # at most half a term (docs/DRIVER.md §3.3).  Anything else would let a stray or
         # forged SM drive the sender past every real receiver, or hold a drain on a position
         # no receiver has: counted and dropped, as the C half hands it here.
         position = self._position(sm.consumption_term_id, sm.consumption_term_offset)

@@ -1,7 +1,7 @@
 """The receivers a network publication knows, and the snapshot of them a graceful drain reads.
 
 A receiver is *live* while its status messages arrive within the publication's connection
-timeout and it has not sent EOS or an ERR (docs/PROTOCOL.md §3.3): Aeron's
+timeout and it has not sent EOS or an ERR (docs/DRIVER.md §3.3): Aeron's
 ReceiverLivenessTracker (``receiver_liveness_tracker`` in aeron_network_publication.c), with
 what each receiver acknowledged (the position of its last status message) and where its
 status messages come from.  :class:`PublicationReceivers` is the sender thread's;
@@ -66,7 +66,7 @@ class PublicationReceivers:
     are bound to and the addresses on that host they came from.  True while it has one;
     ``receiver_id in receivers`` while that one is live.
 
-    The binding (docs/PROTOCOL.md §5.7): a receiver's first status message binds its id to
+    The binding (docs/DRIVER.md §5.7): a receiver's first status message binds its id to
     the host (IP address) it came from; while it is live, a status message naming it counts
     only from that host (:meth:`admits`), from any port there: stock Aeron gives every
     endpoint of a driver the driver's one receiver id, and a NAT may give a receiver a new

@@ -1,4 +1,4 @@
-"""The spies of a network publication (docs/PROTOCOL.md §3.7): Aeron's tethered spies.
+"""The spies of a network publication (docs/DRIVER.md §3.7): Aeron's tethered spies.
 
 ``aeron-spy:`` subscriptions of this host read a network publication's log in place.  Each
 holds pub-lmt and cleaning back as snd-pos does (both follow the consumer position, the slowest

@@ -36,7 +36,7 @@ def untethered_window_end(head: int, window: int) -> int:
     position, a network publication's ``snd-pos``, an image's fastest subscriber), ``window``
     the window its slowest subscriber may hold it to (the term window; an image's receiver
     window).  Aeron's rule since 1.30 for all three: the bottom quarter of the window, that is
-    a subscriber within a quarter of a window of ``head - window`` (docs/PROTOCOL.md §4.7)."""
+    a subscriber within a quarter of a window of ``head - window`` (docs/DRIVER.md §4.7)."""
     return head - window + (window >> 2)
 
 
