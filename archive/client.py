@@ -485,15 +485,35 @@ class ArchiveReplay:
         return chunk
 
     def _check_end(self, image: Image) -> None:
+        """At the end of the replay's stream: raise unless the range was read whole."""
+        if self._end_asks_stop(image):
+            self._stopped_at(*self.archive.recording_position(self._followed_id()))
+        self._raise_if_short(image)
+
+    async def _check_end_async(self, image: Image) -> None:
+        """:meth:`_check_end` from a trio or asyncio task."""
+        if self._end_asks_stop(image):
+            self._stopped_at(*await self.archive.recording_position_async(
+                self._followed_id()))
+        self._raise_if_short(image)
+
+    def _end_asks_stop(self, image: Image) -> bool:
+        """Whether the stream ended short of a followed recording's stop not known yet: whole
+        if the recording stopped where it ended (the archive is asked)."""
+        return (image.is_end_of_stream and not self.done and self.end is None
+                and self.started.recording_id is not None)
+
+    def _followed_id(self) -> int:
+        assert self.started.recording_id is not None
+        return self.started.recording_id
+
+    def _stopped_at(self, position: int, active: bool) -> None:
+        if not active:
+            self._stop_position = position
+
+    def _raise_if_short(self, image: Image) -> None:
         if not image.is_end_of_stream or self.done:
             return
-        if self.end is None and self.started.recording_id is not None:
-            # Followed: whole if the recording stopped where it ended.
-            position, active = self.archive.recording_position(self.started.recording_id)
-            if not active:
-                self._stop_position = position
-                if self.done:
-                    return
         source = "a held stream's live log" if self.started.recording_id is None else \
             f"recording {self.started.recording_id}"
         raise SlipstreamError(f"the replay {self.replay_id} of {source} "
@@ -518,11 +538,9 @@ class ArchiveReplay:
         """:meth:`read_all` from a trio or asyncio task, without blocking the event loop: each
         poll is a checkpoint, each wait parks in a worker thread until data comes
         (:mod:`slipstream.client.aio`), and the check of a followed recording's stop at the
-        stream's end (a call to the archive) runs in a worker thread.  A cancellation ends it
-        at once, taken before a poll, never after one (:attr:`position` is what was
-        handled); a check under way finishes its call in its thread."""
-        import anyio.to_thread
-
+        stream's end is :meth:`ArchiveClient.recording_position_async`.  A cancellation ends
+        it at once, taken before a poll, never after one (:attr:`position` is what was
+        handled)."""
         from slipstream.client import aio
 
         deadline = time.monotonic() + timeout_s
@@ -531,7 +549,7 @@ class ArchiveReplay:
                 continue
             image = self.image()
             if image is not None and image.is_end_of_stream:
-                await anyio.to_thread.run_sync(self._check_end, image, abandon_on_cancel=True)
+                await self._check_end_async(image)
                 continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:

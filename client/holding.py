@@ -397,8 +397,8 @@ class HolderLink:
         """Call ``op`` with ``args`` (JSON values); returns the holder's result.  Raises
         :class:`CallError` when the holder answers with an error or not within the link's
         ``timeout_s``."""
-        # One call at a time: a call left running in a worker thread by a cancelled task
-        # (ArchiveReplay.read_all_async) and the next one share the response stream.
+        # One call at a time: every call polls the one response stream and awaits one id
+        # (a blocking call in a worker thread and a task's call_async too).
         with self._calling:
             return self._call(op, args)
 
