@@ -326,7 +326,8 @@ class ArchiveClient:
                            channel: str | None = None, stream_id: int | None = None,
                            session_id: int | None = None) -> ArchiveReplay:
         """:meth:`replay` from a trio or asyncio task (read it with
-        :meth:`ArchiveReplay.read_all_async`).  A cancellation leaves no subscription open."""
+        :meth:`ArchiveReplay.read_all_async`, close it with ``async with``).  A cancellation
+        leaves no subscription open."""
         return await self._replay_here_async(
             lambda to, stream: self.start_replay_async(recording_id, to, stream, start=start,
                                                        end=end, from_time_ms=from_time_ms),
@@ -573,8 +574,30 @@ class ArchiveReplay:
         finally:
             self.subscription.close()
 
+    async def aclose(self, *, stop_at_archive: bool = True) -> None:
+        """:meth:`close` from a trio or asyncio task (``async with``): the stop is
+        :meth:`ArchiveClient.stop_replay_async`.  Cancelled, it still closes the subscription
+        (the archive ends a replay whose requester went, in time)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if stop_at_archive and not self.done:
+                try:
+                    await self.archive.stop_replay_async(self.replay_id)
+                except SlipstreamError:
+                    pass  # as close()
+        finally:
+            self.subscription.close()
+
     def __enter__(self) -> ArchiveReplay:
         return self
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+    async def __aenter__(self) -> ArchiveReplay:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()

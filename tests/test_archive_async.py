@@ -45,10 +45,17 @@ async def test_every_archive_call_has_an_async_form_served_to_its_key_only(
         with pytest.raises(RecordingLostError):
             await k1.replay_async(recording_id, start=stop + 4096)
         # A replay to this host's reply endpoint (sealed under k1), read in the task.
-        with await k1.replay_async(recording_id) as replay:
+        async with await k1.replay_async(recording_id) as replay:
             seen: list[bytes] = []
             await replay.read_all_async(lambda data, _: seen.append(bytes(data)), 30)
             assert len(seen) == MESSAGES and replay.position == stop
+        assert replay.subscription.is_closed
+        # One left before it is read is stopped at the archive as it closes.
+        async with await k1.replay_async(recording_id, end=stop) as unread:
+            assert not unread.done
+        assert unread.subscription.is_closed
+        assert [r for r in await k1._call_async("replays")
+                if r["replay_id"] == unread.replay_id] == []
         # A replay to a channel nobody subscribes at waits for its subscriber: it is running
         # until stopped by its id.
         channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}|key=k1"
