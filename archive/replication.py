@@ -88,18 +88,16 @@ class ReplicatingArchive(Protocol):
     records), its directory, catalog and client, the recordings it is making, and how a
     replica joins them."""
 
-    @property
-    def settings(self) -> ArchiveSettings: ...
-    @property
-    def directory(self) -> Path: ...
-    @property
-    def catalog(self) -> Catalog: ...
-    @property
-    def client(self) -> Client: ...
-    @property
-    def recordings(self) -> dict[int, Recording]: ...
+    settings: ArchiveSettings
+    directory: Path
+    catalog: Catalog
+    client: Client
+    recordings: dict[int, Recording]
+
     def adopt(self, recording: Recording) -> None: ...
+
     def position_moved(self, recording: Recording, position: int) -> None: ...
+
 
 log = logging.getLogger("slipstream.archive")
 

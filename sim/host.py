@@ -59,20 +59,14 @@ class World(Protocol):
     scenario and seed, the driver settings, the directory the drivers' directories are made
     in, and the publishing host."""
 
-    @property
-    def loop(self) -> EventLoop: ...
-    @property
-    def network(self) -> Network: ...
-    @property
-    def scenario(self) -> Scenario: ...
-    @property
-    def seed(self) -> int: ...
-    @property
-    def settings(self) -> DriverSettings: ...
-    @property
-    def directory(self) -> Path: ...
-    @property
-    def publisher(self) -> PublisherHost: ...
+    loop: EventLoop
+    network: Network
+    scenario: Scenario
+    seed: int
+    settings: DriverSettings
+    directory: Path
+    publisher: PublisherHost
+
 
 MESSAGE_HEADER: Final = struct.Struct("<II")  # publisher id, sequence number
 MESSAGE_TRAILER: Final = struct.Struct("<I")  # the sequence number again, in the last 4 bytes

@@ -50,10 +50,8 @@ class TransportWorld(Protocol):
     """What the transports use of the simulation their host is in
     (:class:`~slipstream.sim.runner.Simulation`)."""
 
-    @property
-    def network(self) -> Network: ...
-    @property
-    def settings(self) -> DriverSettings: ...
+    network: Network
+    settings: DriverSettings
 
 
 class TransportHost(Protocol):
@@ -61,13 +59,14 @@ class TransportHost(Protocol):
     address, its incarnation (each takes new ephemeral ports), its simulation, and its wake
     when a datagram arrives."""
 
-    @property
-    def ip(self) -> str: ...
-    @property
-    def incarnation(self) -> int: ...
+    ip: str
+    incarnation: int
+
     @property
     def sim(self) -> TransportWorld: ...
+
     def wake(self) -> None: ...
+
 
 #: The prefix of the simulated hosts' network: every host is 10.0.0.N (sim/host.py).
 SIM_PREFIX: Final = 24
