@@ -290,9 +290,6 @@ def test_no_import_cycles_among_the_product_modules() -> None:
 KNOWN_ANNOTATION_CYCLES: list[frozenset[str]] = [
     frozenset({"slipstream.daemon.media.events", "slipstream.daemon.media.receive_channel",
                "slipstream.daemon.media.send_channel"}),
-    frozenset({"slipstream.daemon.conductor.network_receive",
-               "slipstream.daemon.conductor.network_spies",
-               "slipstream.daemon.conductor.untethered"}),
 ]
 
 
