@@ -62,7 +62,7 @@ def test_the_time_a_command_takes_counts_in_the_conductors_max_cycle_time(
     # command, outside the duty cycle, and must show in the counter operators read (the driver
     # records it before it answers).  The driver's share of the add is the request's round
     # trip; the client then maps and populates the log itself (3x as long on AMD EPYC).
-    request = client._request
+    request = client._conductor._request
     waited: list[float] = []
 
     def timed_request(*args, **kwargs):
@@ -72,7 +72,7 @@ def test_the_time_a_command_takes_counts_in_the_conductors_max_cycle_time(
         finally:
             waited.append(time.monotonic() - started)
 
-    monkeypatch.setattr(client, "_request", timed_request)
+    monkeypatch.setattr(client._conductor, "_request", timed_request)
     publication = client.add_publication(CHANNEL + "?term-length=64m", 1018)
     longest = read_system_counters(driver.directory)[SystemCounter.CONDUCTOR_MAX_CYCLE_TIME_NS]
     publication.close()
@@ -351,9 +351,9 @@ def test_an_image_kept_after_its_subscription_closed_reads_nothing_and_never_cra
 
 _CLOSE_IN_HANDLER = """
 import sys, time
-import slipstream.client.client as client_module
+import slipstream.client.conductor as conductor_module
 from slipstream.client import Client
-client_module.RESOURCE_LINGER_S = 0.1  # the counters are unmapped while the handler sleeps
+conductor_module.RESOURCE_LINGER_S = 0.1  # the counters are unmapped while the handler sleeps
 directory, size = sys.argv[1], int(sys.argv[2])
 client = Client.connect(directory)
 publication = client.add_publication("aeron:ipc", 61)
