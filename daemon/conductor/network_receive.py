@@ -34,7 +34,7 @@ from slipstream.client.logbuffer import LogBuffer, compute_log_length, term_coun
 from slipstream.client.notices import SourceNotices
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.agents.commands import ReceiverProxy, RemovedDestination
-from slipstream.daemon.agents.receiver import ReceiveEndpoint
+from slipstream.daemon.agents.endpoints import ReceiveEndpoint
 from slipstream.daemon.conductor import messages
 from slipstream.daemon.conductor.image_logs import ImageLogMaker, LogJob, LogMaking
 from slipstream.daemon.conductor.messages import ClientMessage, Outgoing

@@ -27,8 +27,12 @@ from slipstream.client.channel import Channel
 from slipstream.client.counters import CountersFile, CounterType
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.daemon.agents.commands import RemovedDestination
-from slipstream.daemon.agents.receiver import ReceiveEndpoint, ReceiveTransport
-from slipstream.daemon.agents.sender import SendEndpoint, SendTransport
+from slipstream.daemon.agents.endpoints import (
+    ReceiveEndpoint,
+    ReceiveTransport,
+    SendEndpoint,
+    SendTransport,
+)
 from slipstream.daemon.conductor.resources import StreamInterest
 from slipstream.daemon.media import interfaces, names
 from slipstream.daemon.media.events import EndpointRemoved

@@ -39,7 +39,7 @@ from slipstream.client.errors import ChannelError
 from slipstream.client.layout import SEALED_MTU_MAX, SEALED_OVERHEAD
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.daemon.agents.commands import ReceiverProxy, SenderProxy
-from slipstream.daemon.agents.sender import SendEndpoint
+from slipstream.daemon.agents.endpoints import SendEndpoint
 from slipstream.daemon.conductor.image_logs import ImageLogMaker
 from slipstream.daemon.conductor.messages import Outgoing
 from slipstream.daemon.conductor.network_records import (
