@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -199,6 +200,30 @@ def process_state(pid: int) -> str:
             return stat_file.read().rpartition(")")[2].split()[0]
     except FileNotFoundError:
         return ""
+
+
+@contextlib.contextmanager
+def children_take(*signums: signal.Signals) -> Iterator[None]:
+    """Processes started in the block begin with ``signums`` at their default action, even
+    when this one ignores them (a background job of a non-interactive shell ignores SIGINT,
+    ``nohup`` SIGHUP, and a child inherits what is ignored): each ignored one gets a handler
+    that does nothing for the block, and a handler is reset at ``exec``.  This process still
+    takes nothing of them meanwhile.  Main thread only."""
+    ignored = [signum for signum in signums if signal.getsignal(signum) == signal.SIG_IGN]
+    for signum in ignored:
+        signal.signal(signum, lambda *_: None)
+    try:
+        yield
+    finally:
+        for signum in ignored:
+            signal.signal(signum, signal.SIG_IGN)
+
+
+def catches(pid: int, signum: signal.Signals) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (SigCgt in /proc/<pid>/status)."""
+    with open(f"/proc/{pid}/status") as status:
+        caught = next(line for line in status if line.startswith("SigCgt:"))
+    return bool(int(caught.split()[1], 16) >> (signum - 1) & 1)
 
 
 def offer_until(publication: Any, message: bytes, timeout: float = 5.0) -> int:

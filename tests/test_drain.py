@@ -18,7 +18,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers import FAST_DRIVER_SETTINGS, NETWORK_SETTINGS, free_port, wait_for
+from helpers import (
+    FAST_DRIVER_SETTINGS,
+    NETWORK_SETTINGS,
+    catches,
+    children_take,
+    free_port,
+    wait_for,
+)
 
 from slipstream.client import (
     BACK_PRESSURED,
@@ -284,8 +291,11 @@ def test_a_second_sigterm_stops_at_once(launch) -> None:
 def test_a_hangup_drains_and_cleans_up_as_sigterm_does(launch) -> None:
     """A driver run in the foreground of a terminal that hangs up (an SSH session that drops)
     gets SIGHUP: it drains what its logs hold, exits 0 and removes its directory (Python's
-    default killed it, leaving its logs in /dev/shm)."""
-    driver = launch(**{**FAST_DRIVER_SETTINGS, "drain_timeout": "10s"})
+    default killed it, leaving its logs in /dev/shm).  Its SIGHUP starts at the default
+    whatever this process ignores (a driver started ignoring it keeps it ignored: below)."""
+    drain_timeout_s = 10.0
+    with children_take(signal.SIGHUP):
+        driver = launch(**{**FAST_DRIVER_SETTINGS, "drain_timeout": f"{drain_timeout_s:g}s"})
     with Client.connect(driver.directory) as client:
         subscription = client.add_subscription("aeron:ipc", 50)
         publication = client.add_publication("aeron:ipc", 50)
@@ -293,9 +303,13 @@ def test_a_hangup_drains_and_cleans_up_as_sigterm_does(launch) -> None:
         sent: list[bytes] = []
         while publication.offer(payload := struct.pack("<q", len(sent)) + bytes(92)) > 0:
             sent.append(payload)  # a window, unread
+        assert catches(driver.pid, signal.SIGHUP), "the driver does not watch SIGHUP"
         driver.process.send_signal(signal.SIGHUP)
+        # The drain shows (new registrations refused) well within its timeout, after which
+        # the driver would stop and nothing could be refused any more.
         with pytest.raises(RegistrationError, match="draining"):
-            wait_for(lambda: client.add_publication("aeron:ipc", 51) and False, timeout=1)
+            wait_for(lambda: client.add_publication("aeron:ipc", 51) and False,
+                     timeout=drain_timeout_s / 2)
         received: list[bytes] = []
         deadline = time.monotonic() + 10
         while driver.process.poll() is None:
