@@ -226,6 +226,16 @@ def catches(pid: int, signum: signal.Signals) -> bool:
     return bool(int(caught.split()[1], 16) >> (signum - 1) & 1)
 
 
+def runnable_s() -> float:
+    """Seconds the calling thread has been runnable: on a CPU, or waiting for one
+    (/proc/thread-self/schedstat).  A thread that spins is runnable all the time however
+    loaded the machine (it waits for a CPU instead), one that sleeps is not: what a wait
+    costs, told apart from the load."""
+    with open("/proc/thread-self/schedstat") as schedstat:
+        on_cpu, waiting, _ = schedstat.read().split()
+    return (int(on_cpu) + int(waiting)) / 1e9
+
+
 def offer_until(publication: Any, message: bytes, timeout: float = 5.0) -> int:
     """Offer ``message`` until it is taken (its position), failing after ``timeout`` s."""
     deadline = time.monotonic() + timeout
