@@ -226,14 +226,19 @@ def catches(pid: int, signum: signal.Signals) -> bool:
     return bool(int(caught.split()[1], 16) >> (signum - 1) & 1)
 
 
-def runnable_s() -> float:
-    """Seconds the calling thread has been runnable: on a CPU, or waiting for one
-    (/proc/thread-self/schedstat).  A thread that spins is runnable all the time however
-    loaded the machine (it waits for a CPU instead), one that sleeps is not: what a wait
-    costs, told apart from the load."""
-    with open("/proc/thread-self/schedstat") as schedstat:
-        on_cpu, waiting, _ = schedstat.read().split()
-    return (int(on_cpu) + int(waiting)) / 1e9
+def runnable_s(*, all_threads: bool = False) -> float:
+    """Seconds the calling thread (``all_threads``: every thread of this process, summed)
+    has been runnable: on a CPU, or waiting for one (``schedstat`` in /proc).  A thread that
+    spins is runnable all the time however loaded the machine (it waits for a CPU instead),
+    one that sleeps is not: what a wait costs, told apart from the load."""
+    paths = (list(Path("/proc/self/task").glob("*/schedstat")) if all_threads
+             else [Path("/proc/thread-self/schedstat")])
+    total = 0
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # a thread ended
+            on_cpu, waiting, _ = path.read_text().split()
+            total += int(on_cpu) + int(waiting)
+    return total / 1e9
 
 
 def offer_until(publication: Any, message: bytes, timeout: float = 5.0) -> int:
