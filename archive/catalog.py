@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from slipstream.client.closing import ClosedOnExit
+
 CATALOG_FILE: Final = "archive.catalog"
 MAGIC: Final = b"SLPSCATL"
 #: Version 1: the layout below.  A catalog of another version is refused, naming both.
@@ -128,7 +130,7 @@ class RecordingDescriptor:
                    channel, source)
 
 
-class Catalog:
+class Catalog(ClosedOnExit):
     """The catalog file of an archive directory.  Not thread-safe: the service's one thread
     writes it."""
 
@@ -257,9 +259,3 @@ class Catalog:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-    def __enter__(self) -> Catalog:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()

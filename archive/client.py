@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +71,26 @@ class ReplayStarted:
                    None if recording_id is None else int(recording_id))
 
 
+def _given(**args: Any) -> dict[str, Any]:
+    """A call's ``args``: those not None."""
+    return {name: value for name, value in args.items() if value is not None}
+
+
+def _position(answer: dict[str, Any]) -> tuple[int, bool]:
+    """``(position, active)`` of a ``recording_position`` answer."""
+    return int(answer["position"]), bool(answer["active"])
+
+
+def _lost_or(error: CallError) -> CallError | RecordingLostError:
+    """A call's error: :class:`RecordingLostError` when the archive answered that it does not
+    hold the range asked for, else ``error``."""
+    answer = error.answer or {}
+    if answer.get("reason") != LOST:
+        return error
+    held = answer.get("held") or [NULL_POSITION, NULL_POSITION]
+    return RecordingLostError(str(error), (int(held[0]), int(held[1])))
+
+
 def _listed(fields: dict[str, Any]) -> ListedRecording:
     descriptor = RecordingDescriptor(
         fields["recording_id"], RecordingState[fields["state"].upper()],
@@ -93,7 +113,12 @@ class ArchiveClient:
     and the archive answers about its recordings of that key (docs/ARCHIVE.md, "Protected
     calls").  Use from one thread.  Raises :class:`~slipstream.client.holding.CallError` for
     a call the archive refuses or does not answer in ``timeout_s``,
-    :class:`RecordingLostError` for a range it does not hold."""
+    :class:`RecordingLostError` for a range it does not hold.
+
+    Each call has an async form of the same name with ``_async`` (``describe_async``,
+    ``replay_async``, ...) for a trio or asyncio task: it waits for the answer without
+    blocking the event loop (:meth:`HolderLink.call_async`), and a cancelled one ends at once,
+    its answer dropped when it comes.  One call at a time: a second waits for the first."""
 
     def __init__(self, client: Client, address: str = "127.0.0.1",
                  port: int = DEFAULT_CONTROL_PORT,
@@ -146,15 +171,28 @@ class ArchiveClient:
         """This host's endpoint where the archive's answers (and replays, by default) come."""
         return self._link.reply_channel
 
+    async def await_connected_async(self, timeout_s: float) -> bool:
+        """:meth:`await_connected` from a trio or asyncio task (it sleeps on the loop)."""
+        import anyio
+
+        deadline = time.monotonic() + timeout_s
+        while not self.is_connected:
+            if time.monotonic() > deadline:
+                return False
+            await anyio.sleep(0.001)
+        return True
+
     def _call(self, op: str, **args: Any) -> Any:
         try:
             return self._link.call(op, **args)
         except CallError as e:
-            answer = e.answer or {}
-            if answer.get("reason") == LOST:
-                held = answer.get("held") or [NULL_POSITION, NULL_POSITION]
-                raise RecordingLostError(str(e), (int(held[0]), int(held[1]))) from None
-            raise
+            raise _lost_or(e) from None
+
+    async def _call_async(self, op: str, **args: Any) -> Any:
+        try:
+            return await self._link.call_async(op, **args)
+        except CallError as e:
+            raise _lost_or(e) from None
 
     def list_recordings(self, *, channel: str | None = None, stream_id: int | None = None,
                         session_id: int | None = None, from_id: int = 0,
@@ -162,16 +200,18 @@ class ArchiveClient:
         """The recordings whose channel contains ``channel``, whose stream is ``stream_id``
         and whose session is ``session_id`` (each optional), from id ``from_id``, at most
         ``count`` (the archive's default when None)."""
-        args: dict[str, Any] = {"from_id": from_id}
-        if channel is not None:
-            args["channel"] = channel
-        if stream_id is not None:
-            args["stream_id"] = stream_id
-        if session_id is not None:
-            args["session_id"] = session_id
-        if count is not None:
-            args["count"] = count
-        return [_listed(fields) for fields in self._call("list", **args)]
+        return [_listed(fields) for fields in self._call(
+            "list", **_given(from_id=from_id, channel=channel, stream_id=stream_id,
+                             session_id=session_id, count=count))]
+
+    async def list_recordings_async(self, *, channel: str | None = None,
+                                    stream_id: int | None = None,
+                                    session_id: int | None = None, from_id: int = 0,
+                                    count: int | None = None) -> list[ListedRecording]:
+        """:meth:`list_recordings` from a trio or asyncio task."""
+        return [_listed(fields) for fields in await self._call_async(
+            "list", **_given(from_id=from_id, channel=channel, stream_id=stream_id,
+                             session_id=session_id, count=count))]
 
     def list_all_recordings(self, *, stream_id: int | None = None,
                             session_id: int | None = None) -> list[ListedRecording]:
@@ -187,20 +227,47 @@ class ArchiveClient:
                 return out
             from_id = page[-1].recording_id + 1
 
+    async def list_all_recordings_async(self, *, stream_id: int | None = None,
+                                        session_id: int | None = None
+                                        ) -> list[ListedRecording]:
+        """:meth:`list_all_recordings` from a trio or asyncio task."""
+        out: list[ListedRecording] = []
+        from_id = 0
+        while True:
+            page = await self.list_recordings_async(stream_id=stream_id, session_id=session_id,
+                                                    from_id=from_id, count=LIST_MAX)
+            out += page
+            if len(page) < LIST_MAX:
+                return out
+            from_id = page[-1].recording_id + 1
+
     def describe(self, recording_id: int) -> ListedRecording:
         return _listed(self._call("describe", recording_id=recording_id))
+
+    async def describe_async(self, recording_id: int) -> ListedRecording:
+        """:meth:`describe` from a trio or asyncio task."""
+        return _listed(await self._call_async("describe", recording_id=recording_id))
 
     def recording_position(self, recording_id: int) -> tuple[int, bool]:
         """``(position, active)``: a live recording's recorded position, or a stopped one's
         stop position."""
-        answer = self._call("recording_position", recording_id=recording_id)
-        return int(answer["position"]), bool(answer["active"])
+        return _position(self._call("recording_position", recording_id=recording_id))
+
+    async def recording_position_async(self, recording_id: int) -> tuple[int, bool]:
+        """:meth:`recording_position` from a trio or asyncio task."""
+        return _position(await self._call_async("recording_position",
+                                                recording_id=recording_id))
 
     def view(self, recording_id: int, method: str, args: dict[str, Any]) -> Any:
         """Ask the archive a planner's question about a recording (``method``, one of
         :data:`~slipstream.client.logview.VIEW_OPERATIONS`, with its ``args``): the answer
         of its :class:`~slipstream.archive.view.RecordingView`."""
         return self._call("view", recording_id=recording_id, method=method, args=args)
+
+    async def view_async(self, recording_id: int, method: str, args: dict[str, Any]) -> Any:
+        """:meth:`view` from a trio or asyncio task."""
+        return await self._call_async("view", recording_id=recording_id, method=method,
+                                      args=args)
 
     def recording_view(self, recording: ListedRecording) -> RemoteView:
         """A :class:`~slipstream.client.logview.RemoteView` of ``recording`` (as listed: its
@@ -221,16 +288,25 @@ class ArchiveClient:
         start, or where the time index puts ``from_time_ms``, epoch ms; ``end`` None: follow
         it until it stops) to ``channel`` / ``stream_id``, whose subscriber it waits for up
         to 10 s.  Messages keep their recorded positions."""
-        args: dict[str, Any] = {"recording_id": recording_id, "channel": channel,
-                                "stream_id": stream_id}
-        for name, value in (("start", start), ("end", end), ("from_time_ms", from_time_ms)):
-            if value is not None:
-                args[name] = value
-        return ReplayStarted.of(self._call("replay", **args))
+        return ReplayStarted.of(self._call("replay", **_given(
+            recording_id=recording_id, channel=channel, stream_id=stream_id, start=start,
+            end=end, from_time_ms=from_time_ms)))
+
+    async def start_replay_async(self, recording_id: int, channel: str, stream_id: int, *,
+                                 start: int | None = None, end: int | None = None,
+                                 from_time_ms: int | None = None) -> ReplayStarted:
+        """:meth:`start_replay` from a trio or asyncio task."""
+        return ReplayStarted.of(await self._call_async("replay", **_given(
+            recording_id=recording_id, channel=channel, stream_id=stream_id, start=start,
+            end=end, from_time_ms=from_time_ms)))
 
     def stop_replay(self, replay_id: int) -> bool:
         """Stop a replay; whether it was still running."""
         return bool(self._call("stop_replay", replay_id=replay_id)["stopped"])
+
+    async def stop_replay_async(self, replay_id: int) -> bool:
+        """:meth:`stop_replay` from a trio or asyncio task."""
+        return bool((await self._call_async("stop_replay", replay_id=replay_id))["stopped"])
 
     def replay(self, recording_id: int, *, start: int | None = None, end: int | None = None,
                from_time_ms: int | None = None, channel: str | None = None,
@@ -243,6 +319,18 @@ class ArchiveClient:
         return self._replay_here(
             lambda to, stream: self.start_replay(recording_id, to, stream, start=start,
                                                  end=end, from_time_ms=from_time_ms),
+            channel, stream_id, session_id)
+
+    async def replay_async(self, recording_id: int, *, start: int | None = None,
+                           end: int | None = None, from_time_ms: int | None = None,
+                           channel: str | None = None, stream_id: int | None = None,
+                           session_id: int | None = None) -> ArchiveReplay:
+        """:meth:`replay` from a trio or asyncio task (read it with
+        :meth:`ArchiveReplay.read_all_async`, close it with ``async with``).  A cancellation
+        leaves no subscription open."""
+        return await self._replay_here_async(
+            lambda to, stream: self.start_replay_async(recording_id, to, stream, start=start,
+                                                       end=end, from_time_ms=from_time_ms),
             channel, stream_id, session_id)
 
     def replay_held(self, held: dict[str, Any], session_id: int, framing: tuple[int, int],
@@ -261,25 +349,28 @@ class ArchiveClient:
                 end=end, channel=to, stream_id=stream)),
             None, None, None)
 
+    async def replay_held_async(self, held: dict[str, Any], session_id: int,
+                                framing: tuple[int, int], start: int, end: int
+                                ) -> ArchiveReplay:
+        """:meth:`replay_held` from a trio or asyncio task."""
+        async def start_replay(to: str, stream: int) -> ReplayStarted:
+            return ReplayStarted.of(await self._call_async(
+                "replay", held=held, session_id=session_id, log=[*framing], start=start,
+                end=end, channel=to, stream_id=stream))
+
+        return await self._replay_here_async(start_replay, None, None, None)
+
     def _replay_here(self, start_replay: Callable[[str, int], ReplayStarted],
                      channel: str | None, stream_id: int | None, session_id: int | None
                      ) -> ArchiveReplay:
         """A subscription at ``channel`` (default this host's reply endpoint) on
         ``stream_id`` (default a fresh one), then ``start_replay(channel, stream_id)``."""
-        if stream_id is None:
-            stream_id = random.randrange(1, INT32_MAX)
-            while stream_id == self._link.response_stream_id:
-                stream_id = random.randrange(1, INT32_MAX)
         if channel is None:
             # The reply channel worked out again (the archive may have moved: this host's
             # address towards it may be another).
             self._link.wait_for_contact(time.monotonic() + self.timeout_s)
-            channel = channel_with_key(self.reply_channel, self.key)
-            subscription_channel = reply_subscription_channel(channel)
-        else:
-            subscription_channel = channel
-        if session_id is not None:
-            channel = f"{channel}{'|' if '?' in channel else '?'}session-id={session_id}"
+        subscription_channel, channel, stream_id = self._replay_target(channel, stream_id,
+                                                                       session_id)
         subscription = self.client.add_subscription(subscription_channel, stream_id)
         try:
             started = start_replay(channel, stream_id)
@@ -287,6 +378,49 @@ class ArchiveClient:
             subscription.close()
             raise
         return ArchiveReplay(self, subscription, started)
+
+    async def _replay_here_async(
+            self, start_replay: Callable[[str, int], Awaitable[ReplayStarted]],
+            channel: str | None, stream_id: int | None, session_id: int | None
+    ) -> ArchiveReplay:
+        """:meth:`_replay_here` from a trio or asyncio task."""
+        import anyio
+        import anyio.to_thread
+
+        if channel is None:
+            await self._link.wait_for_contact_async(time.monotonic() + self.timeout_s)
+        subscription_channel, channel, stream_id = self._replay_target(channel, stream_id,
+                                                                       session_id)
+        # The registration (a round trip to the driver) in a worker thread, finished even
+        # when the task is cancelled meanwhile, so that the subscription it made is closed
+        # below, not left open.
+        with anyio.CancelScope(shield=True):
+            subscription = await anyio.to_thread.run_sync(self.client.add_subscription,
+                                                          subscription_channel, stream_id)
+        try:
+            started = await start_replay(channel, stream_id)
+        except BaseException:
+            subscription.close()
+            raise
+        return ArchiveReplay(self, subscription, started)
+
+    def _replay_target(self, channel: str | None, stream_id: int | None,
+                       session_id: int | None) -> tuple[str, str, int]:
+        """``(subscription channel, channel the replay is asked to, stream id)`` of a replay
+        read here: ``channel`` (None: this host's reply endpoint, sealed under the key),
+        ``stream_id`` (None: a fresh one), the replay's stream of ``session_id`` if given."""
+        if stream_id is None:
+            stream_id = random.randrange(1, INT32_MAX)
+            while stream_id == self._link.response_stream_id:
+                stream_id = random.randrange(1, INT32_MAX)
+        if channel is None:
+            channel = channel_with_key(self.reply_channel, self.key)
+            subscription_channel = reply_subscription_channel(channel)
+        else:
+            subscription_channel = channel
+        if session_id is not None:
+            channel = f"{channel}{'|' if '?' in channel else '?'}session-id={session_id}"
+        return subscription_channel, channel, stream_id
 
     def close(self) -> None:
         self._link.close()
@@ -352,15 +486,35 @@ class ArchiveReplay:
         return chunk
 
     def _check_end(self, image: Image) -> None:
+        """At the end of the replay's stream: raise unless the range was read whole."""
+        if self._end_asks_stop(image):
+            self._stopped_at(*self.archive.recording_position(self._followed_id()))
+        self._raise_if_short(image)
+
+    async def _check_end_async(self, image: Image) -> None:
+        """:meth:`_check_end` from a trio or asyncio task."""
+        if self._end_asks_stop(image):
+            self._stopped_at(*await self.archive.recording_position_async(
+                self._followed_id()))
+        self._raise_if_short(image)
+
+    def _end_asks_stop(self, image: Image) -> bool:
+        """Whether the stream ended short of a followed recording's stop not known yet: whole
+        if the recording stopped where it ended (the archive is asked)."""
+        return (image.is_end_of_stream and not self.done and self.end is None
+                and self.started.recording_id is not None)
+
+    def _followed_id(self) -> int:
+        assert self.started.recording_id is not None
+        return self.started.recording_id
+
+    def _stopped_at(self, position: int, active: bool) -> None:
+        if not active:
+            self._stop_position = position
+
+    def _raise_if_short(self, image: Image) -> None:
         if not image.is_end_of_stream or self.done:
             return
-        if self.end is None and self.started.recording_id is not None:
-            # Followed: whole if the recording stopped where it ended.
-            position, active = self.archive.recording_position(self.started.recording_id)
-            if not active:
-                self._stop_position = position
-                if self.done:
-                    return
         source = "a held stream's live log" if self.started.recording_id is None else \
             f"recording {self.started.recording_id}"
         raise SlipstreamError(f"the replay {self.replay_id} of {source} "
@@ -385,11 +539,9 @@ class ArchiveReplay:
         """:meth:`read_all` from a trio or asyncio task, without blocking the event loop: each
         poll is a checkpoint, each wait parks in a worker thread until data comes
         (:mod:`slipstream.client.aio`), and the check of a followed recording's stop at the
-        stream's end (a call to the archive) runs in a worker thread.  A cancellation ends it
-        at once, taken before a poll, never after one (:attr:`position` is what was
-        handled); a check under way finishes its call in its thread."""
-        import anyio.to_thread
-
+        stream's end is :meth:`ArchiveClient.recording_position_async`.  A cancellation ends
+        it at once, taken before a poll, never after one (:attr:`position` is what was
+        handled)."""
         from slipstream.client import aio
 
         deadline = time.monotonic() + timeout_s
@@ -398,7 +550,7 @@ class ArchiveReplay:
                 continue
             image = self.image()
             if image is not None and image.is_end_of_stream:
-                await anyio.to_thread.run_sync(self._check_end, image, abandon_on_cancel=True)
+                await self._check_end_async(image)
                 continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -422,8 +574,30 @@ class ArchiveReplay:
         finally:
             self.subscription.close()
 
+    async def aclose(self, *, stop_at_archive: bool = True) -> None:
+        """:meth:`close` from a trio or asyncio task (``async with``): the stop is
+        :meth:`ArchiveClient.stop_replay_async`.  Cancelled, it still closes the subscription
+        (the archive ends a replay whose requester went, in time)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if stop_at_archive and not self.done:
+                try:
+                    await self.archive.stop_replay_async(self.replay_id)
+                except SlipstreamError:
+                    pass  # as close()
+        finally:
+            self.subscription.close()
+
     def __enter__(self) -> ArchiveReplay:
         return self
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+    async def __aenter__(self) -> ArchiveReplay:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()

@@ -28,6 +28,8 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Final
 
 import attrs
@@ -294,19 +296,35 @@ class SessionGoneError(ValueError):
     went): what it asked for is lost."""
 
 
+#: What :class:`NamedLogs` holds of each log: (log path, the subscription's join position: the
+#: log holds nothing before it, and the key its stream is sealed under on the network: the
+#: image's :attr:`~slipstream.client.image.Image.channel_key`), by (stream id, session id).
+LogTable = Mapping[tuple[int, int], tuple[str, int, "str | None"]]
+
+
 class NamedLogs:
     """Logs that another thread of this process holds (a Spark query's own subscriptions),
     named by (stream id, session id), for the replays a control stream serves of them
     (:class:`~slipstream.archive.control.ArchiveControl`); it answers no calls about held
-    streams (the holder's own thread asks its images itself).  :attr:`logs` is replaced whole
-    by the holding thread as images come and go: (stream id, session id) -> (log path, the
-    subscription's join position: the log holds nothing before it, and the key its stream is
-    sealed under on the network: the image's
-    :attr:`~slipstream.client.image.Image.channel_key`)."""
+    streams (the holder's own thread asks its images itself).
+
+    The table (:attr:`logs`) is immutable and replaced whole: the holding thread publishes
+    a new one (:meth:`publish`) as images come and go, in one reference store, and the
+    control stream's thread reads whichever table it took at the start of each use, never
+    one half made."""
 
     def __init__(self) -> None:
-        self.logs: dict[tuple[int, int], tuple[str, int, str | None]] = {}
+        self._logs: LogTable = MappingProxyType({})
         self._detached = DetachedLogs()
+
+    @property
+    def logs(self) -> LogTable:
+        """The last table published (read-only)."""
+        return self._logs
+
+    def publish(self, logs: LogTable) -> None:
+        """Make a frozen copy of ``logs`` the table (any thread)."""
+        self._logs = MappingProxyType(dict(logs))
 
     def call(self, op: str, args: dict[str, Any]) -> Any:
         raise ValueError(f"op {op!r}: this control stream replays a query's own logs only "
@@ -317,7 +335,7 @@ class NamedLogs:
         """A mapping of the log of ``session_id`` of stream ``key[1]`` (as
         :meth:`HeldStreams.replay_source`); raises :class:`SessionGoneError` when this
         process holds no log of it, ValueError when its log is framed otherwise."""
-        found = self.logs.get((key[1], session_id))
+        found = self._logs.get((key[1], session_id))
         image = self._detached.get(*found) if found is not None else None
         if image is None:
             raise SessionGoneError(f"stream {key[1]} session {session_id}: this holder holds "
@@ -330,7 +348,7 @@ class NamedLogs:
 
     def do_work(self, logs_in_use: set[str]) -> None:
         """Unmap the logs no longer in :attr:`logs` that no replay reads (``logs_in_use``)."""
-        self._detached.prune({path for path, _, _ in self.logs.values()}, logs_in_use)
+        self._detached.prune({path for path, _, _ in self._logs.values()}, logs_in_use)
 
     @property
     def mapped(self) -> list[str]:

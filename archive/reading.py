@@ -46,6 +46,7 @@ from slipstream.archive.catalog import (
 from slipstream.archive.segments import segment_base, segment_file_name
 from slipstream.client import _fastpath, retention
 from slipstream.client._native import ffi, lib
+from slipstream.client.closing import ClosedOnExit
 from slipstream.client.control import COUNTERS_FILE
 from slipstream.client.counters import CounterReader, CountersFile, CounterType
 from slipstream.client.errors import SlipstreamError
@@ -460,7 +461,7 @@ def message_end(directory: Path, descriptor: RecordingDescriptor, position: int,
 
 
 # -- the local reader ------------------------------------------------------------------------
-class RecordingReader:
+class RecordingReader(ClosedOnExit):
     """Reads a recording's messages from its segment files on the archive's own host, mapped
     read-only, with the log's C scan: :meth:`poll` and :meth:`poll_gathered` as a replay's
     image has them (messages with their stream positions, fragments assembled), no network.
@@ -725,9 +726,3 @@ class RecordingReader:
         if segments is not None:
             segments.close()
         self._release_counters()
-
-    def __enter__(self) -> RecordingReader:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()

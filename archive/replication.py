@@ -61,21 +61,43 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from pathlib import Path
+from typing import Final, Protocol
 
-from slipstream.archive.catalog import NULL_POSITION, EndReason, RecordingDescriptor
+from slipstream.archive.catalog import NULL_POSITION, Catalog, EndReason, RecordingDescriptor
 from slipstream.archive.client import ArchiveClient, ArchiveReplay, ListedRecording
 from slipstream.archive.control import channel_key
 from slipstream.archive.reading import first_message_start, stop_message_start
 from slipstream.archive.recorder import Recording
-from slipstream.archive.settings import Peer, RecordSpec, replication_reply_ports, spec_of
+from slipstream.archive.settings import (
+    ArchiveSettings,
+    Peer,
+    RecordSpec,
+    replication_reply_ports,
+    spec_of,
+)
+from slipstream.client import Client
 from slipstream.client.errors import SlipstreamError
 from slipstream.client.image import Image
 from slipstream.client.subscription import Subscription
 
-if TYPE_CHECKING:
-    from slipstream.archive.service import ArchiveService
-    from slipstream.client.client import Client
+
+class ReplicatingArchive(Protocol):
+    """What the replicator uses of the archive it fills, the service that makes it
+    (:class:`~slipstream.archive.service.ArchiveService`): its settings (the peers, the
+    records), its directory, catalog and client, the recordings it is making, and how a
+    replica joins them."""
+
+    settings: ArchiveSettings
+    directory: Path
+    catalog: Catalog
+    client: Client
+    recordings: dict[int, Recording]
+
+    def adopt(self, recording: Recording) -> None: ...
+
+    def position_moved(self, recording: Recording, position: int) -> None: ...
+
 
 log = logging.getLogger("slipstream.archive")
 
@@ -354,7 +376,7 @@ class Replicator:
     thread of its own (:class:`_Caller`, which owns the links and the replays), asked by
     typed requests and answering with typed results."""
 
-    def __init__(self, service: ArchiveService) -> None:
+    def __init__(self, service: ReplicatingArchive) -> None:
         settings = service.settings
         self._service = service
         self._peers = list(settings.peers)

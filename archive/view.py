@@ -34,6 +34,7 @@ from slipstream.archive.reading import (
     frame_at,
     position_at_time,
 )
+from slipstream.client.closing import ClosedOnExit
 from slipstream.client.layout import FRAME_ALIGNMENT
 from slipstream.client.logbuffer import LogIdentity
 from slipstream.client.logview import LogView, Walk, walk_log
@@ -45,7 +46,7 @@ __all__ = ["STAMP_SKEW_MS", "RecordingView"]
 #: clock that far ahead is still found.
 STAMP_SKEW_MS: Final = 1000
 
-class RecordingView(LogView):
+class RecordingView(LogView, ClosedOnExit):
     """Recording ``descriptor`` in the archive ``directory``, recorded up to
     ``recorded_position`` (a stopped recording's stop position, else its recorded position
     when the view was made), as a :class:`~slipstream.client.logview.LogView`.  A recording
@@ -166,9 +167,3 @@ class RecordingView(LogView):
 
     def close(self) -> None:
         self._segments.close()
-
-    def __enter__(self) -> RecordingView:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()

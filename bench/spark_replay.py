@@ -267,7 +267,7 @@ def hold(connection: Any, holder_dir: str, messages: int, size: int, term: int,
                 time.sleep(0.0001)
         image = keeper.images[0]
         server = _Holder(holder_dir, "127.0.0.2", PORT)
-        server.logs = {(STREAM, image.session_id): (image.log_path, 0, image.channel_key)}
+        server.holds.publish({(STREAM, image.session_id): (image.log_path, 0, image.channel_key)})
         connection.send({"session_id": image.session_id, "log_path": image.log_path,
                          "start": image.position, "end": image.available_position(),
                          "identity": image.identity, "holder": server.address})

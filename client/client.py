@@ -31,6 +31,7 @@ from slipstream.client.channel import (
     keys_for_the_other_side,
     parse_channel,
 )
+from slipstream.client.closing import ClosedOnExit
 from slipstream.client.conductor import RESOURCE_LINGER_S, ClientConductor
 from slipstream.client.counter_record import (
     check_client_type_id,
@@ -108,7 +109,7 @@ def _check_callbacks(**callbacks: object) -> None:
             raise InvalidArgumentError(name, f"{callback!r} is not callable")
 
 
-class Client:
+class Client(ClosedOnExit):
     """A connection to the driver.  Thread-safe for adding and closing resources; a single
     Publication may be offered to from many threads (an ExclusivePublication from one at a
     time); poll each Subscription from one thread."""
@@ -316,9 +317,3 @@ class Client:
         forked child it does nothing: the client is the parent's (the child's copies of its
         mappings go with the child)."""
         self._conductor.close()
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()

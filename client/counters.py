@@ -41,6 +41,7 @@ import attrs
 
 from slipstream.client import control
 from slipstream.client._native import ffi, lib
+from slipstream.client.closing import ClosedOnExit
 from slipstream.client.counter_record import (
     KEY_MAX_LENGTH,
     KEY_OFFSET,
@@ -751,7 +752,7 @@ class CounterReader:
                 f"registration_id={self.registration_id})")
 
 
-class Counter(CounterReader):
+class Counter(CounterReader, ClosedOnExit):
     """A counter this client added (``Client.add_counter``, Aeron's Counter): the driver
     allocated it and frees it when it is closed, when its client closes, or when the driver
     times the client out.  ``set`` is an ordered (release) store and ``add`` an atomic add,
@@ -802,12 +803,6 @@ class Counter(CounterReader):
     def _mark_closed(self) -> None:
         """Closed with its client: the driver frees it with the client's other resources."""
         self._closed = True
-
-    def __enter__(self) -> Counter:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
 
 
 def read_system_counters(directory: str | os.PathLike[str]) -> dict[SystemCounter, int]:

@@ -32,6 +32,7 @@ raise ``struct.error``: that is a caller bug, not a remote error.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import ClassVar, Final, TypeAlias
 
 import attrs
@@ -461,6 +462,8 @@ def heartbeat(session_id: int, stream_id: int, term_id: int, term_offset: int,
 # -- decoding --------------------------------------------------------------------------------
 
 Buffer: TypeAlias = bytes | bytearray | memoryview
+#: A frame type's decoder: (data, offset, remaining, frame_length, flags) → frame.
+_Decoder: TypeAlias = Callable[[Buffer, int, int, int, int], Frame | Rejected]
 
 _TYPE_NAMES: Final = {
     HDR_TYPE_PAD: "PAD", HDR_TYPE_DATA: "DATA", HDR_TYPE_NAK: "NAK", HDR_TYPE_SM: "SM",
@@ -526,12 +529,17 @@ def _check_control(name: str, size: int, remaining: int, frame_length: int) -> R
 # The decoders below pass a body's fields and the flags as one tuple (``*(*fields, flags)``):
 # a type checker cannot count the fields of an unpacked struct, and would refuse a positional
 # argument after them.
-def _decode_setup(data: Buffer, offset: int, remaining: int, frame_length: int,
-                  flags: int) -> Frame | Rejected:
-    bad = _check_control("SETUP", SETUP_LENGTH, remaining, frame_length)
-    if bad is not None:
-        return bad
-    return Setup(*(*_SETUP_BODY.unpack_from(data, offset + FRAME_HEADER_LENGTH), flags))
+def _fixed_control(name: str, length: int, body: struct.Struct,
+                   frame_class: Callable[..., Frame]) -> _Decoder:
+    """The decoder of a control frame of one length whose body's fields, then its flags,
+    make ``frame_class``."""
+    def decode_fixed(data: Buffer, offset: int, remaining: int, frame_length: int,
+                     flags: int) -> Frame | Rejected:
+        bad = _check_control(name, length, remaining, frame_length)
+        if bad is not None:
+            return bad
+        return frame_class(*(*body.unpack_from(data, offset + FRAME_HEADER_LENGTH), flags))
+    return decode_fixed
 
 
 def _decode_sm(data: Buffer, offset: int, remaining: int, frame_length: int,
@@ -549,22 +557,6 @@ def _decode_sm(data: Buffer, offset: int, remaining: int, frame_length: int,
     return Rejected(f"SM group tag length {extra} is not 0 or 8")
 
 
-def _decode_nak(data: Buffer, offset: int, remaining: int, frame_length: int,
-                flags: int) -> Frame | Rejected:
-    bad = _check_control("NAK", NAK_LENGTH, remaining, frame_length)
-    if bad is not None:
-        return bad
-    return Nak(*(*_NAK_BODY.unpack_from(data, offset + FRAME_HEADER_LENGTH), flags))
-
-
-def _decode_rttm(data: Buffer, offset: int, remaining: int, frame_length: int,
-                 flags: int) -> Frame | Rejected:
-    bad = _check_control("RTTM", RTTM_LENGTH, remaining, frame_length)
-    if bad is not None:
-        return bad
-    return Rttm(*(*_RTTM_BODY.unpack_from(data, offset + FRAME_HEADER_LENGTH), flags))
-
-
 def _decode_err(data: Buffer, offset: int, remaining: int, frame_length: int,
                 flags: int) -> Frame | Rejected:
     bad = _check_control("ERR", ERR_HEADER_LENGTH, remaining, frame_length)
@@ -579,15 +571,6 @@ def _decode_err(data: Buffer, offset: int, remaining: int, frame_length: int,
     text = bytes(data[start : start + text_length]).decode("utf-8", "replace")
     tag = group_tag if flags & ERR_HAS_GROUP_TAG_FLAG else None
     return ErrorFrame(session_id, stream_id, receiver_id, code, text, tag)
-
-
-def _decode_rsp_setup(data: Buffer, offset: int, remaining: int, frame_length: int,
-                      flags: int) -> Frame | Rejected:
-    bad = _check_control("RSP_SETUP", RSP_SETUP_LENGTH, remaining, frame_length)
-    if bad is not None:
-        return bad
-    return ResponseSetup(*(*_RSP_SETUP_BODY.unpack_from(data, offset + FRAME_HEADER_LENGTH),
-                         flags))
 
 
 def _decode_ext(data: Buffer, offset: int, remaining: int, frame_length: int,
@@ -653,12 +636,13 @@ _HANDSHAKE_LENGTHS: Final = {EXT_TYPE_HANDSHAKE_INIT: HANDSHAKE_INIT_LENGTH,
 _DECODERS: Final = {
     HDR_TYPE_PAD: _decode_pad,
     HDR_TYPE_DATA: _decode_data,
-    HDR_TYPE_NAK: _decode_nak,
+    HDR_TYPE_NAK: _fixed_control("NAK", NAK_LENGTH, _NAK_BODY, Nak),
     HDR_TYPE_SM: _decode_sm,
     HDR_TYPE_ERR: _decode_err,
-    HDR_TYPE_SETUP: _decode_setup,
-    HDR_TYPE_RTTM: _decode_rttm,
-    HDR_TYPE_RSP_SETUP: _decode_rsp_setup,
+    HDR_TYPE_SETUP: _fixed_control("SETUP", SETUP_LENGTH, _SETUP_BODY, Setup),
+    HDR_TYPE_RTTM: _fixed_control("RTTM", RTTM_LENGTH, _RTTM_BODY, Rttm),
+    HDR_TYPE_RSP_SETUP: _fixed_control("RSP_SETUP", RSP_SETUP_LENGTH, _RSP_SETUP_BODY,
+                                       ResponseSetup),
     HDR_TYPE_EXT: _decode_ext,
 }
 

@@ -32,7 +32,7 @@ from typing import Any, Final
 
 from slipstream.client.channel import channel_with_key
 from slipstream.client.client import Client
-from slipstream.client.errors import RegistrationError, SlipstreamError
+from slipstream.client.errors import BackPressuredError, RegistrationError, SlipstreamError
 from slipstream.client.layout import INT32_MAX
 from slipstream.client.publication import Publication
 from slipstream.client.subscription import Subscription
@@ -288,7 +288,8 @@ class HolderLink:
     each call the reply channel is worked out again (:meth:`wait_for_contact`): this host's
     address towards the holder's new place may be another, and the answers come there.
 
-    :meth:`call` sends one call and waits for its answer.  Use from one thread.
+    :meth:`call` sends one call and waits for its answer; :meth:`call_async` is the same call
+    from a trio or asyncio task.  One call at a time: a second waits for the first to end.
     """
 
     def __init__(self, client: Client, address: str, port: int, control_stream_id: int, *,
@@ -306,7 +307,10 @@ class HolderLink:
         self._reply_address = reply_address
         self._reply_port = reply_port
         self._next_id = 1
-        self._answers: dict[int, dict[str, Any]] = {}
+        #: The id of the call whose answer is awaited now (None: none is); an answer of
+        #: another id (a call that timed out or was cancelled) is dropped when it arrives.
+        self._awaited: int | None = None
+        self._answer: dict[str, Any] | None = None
         self._calling = threading.Lock()
         self._control: Publication | None = None
         self._response = self._open_response(
@@ -352,10 +356,28 @@ class HolderLink:
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.001)
+        self._follow_reply_channel()
+        return True
+
+    async def wait_for_contact_async(self, deadline: float) -> bool:
+        """:meth:`wait_for_contact` from a trio or asyncio task: the wait for the holder's
+        subscriber sleeps on the event loop, not on its thread."""
+        import anyio
+
+        while not self.is_connected:
+            if time.monotonic() > deadline:
+                return False
+            await anyio.sleep(0.001)
+        self._follow_reply_channel()
+        return True
+
+    def _follow_reply_channel(self) -> None:
+        """Work the reply channel out again and move the response subscription there if it
+        changed (:meth:`wait_for_contact`)."""
         try:
             channel = self._reply_channel_now()
         except SlipstreamError:
-            return True  # no route or name now: the answers are asked at the channel of before
+            return  # no route or name now: the answers are asked at the channel of before
         if channel != self.reply_channel:
             previous = self._response
             self._response = self._open_response(
@@ -364,7 +386,6 @@ class HolderLink:
                     self.response_stream_id),
                     self.control))
             previous.close()
-        return True
 
     @property
     def control(self) -> Publication:
@@ -376,37 +397,97 @@ class HolderLink:
         """Call ``op`` with ``args`` (JSON values); returns the holder's result.  Raises
         :class:`CallError` when the holder answers with an error or not within the link's
         ``timeout_s``."""
-        # One call at a time: a call left running in a worker thread by a cancelled task
-        # (ArchiveReplay.read_all_async) and the next one share the response stream.
+        # One call at a time: every call polls the one response stream and awaits one id
+        # (a blocking call in a worker thread and a task's call_async too).
         with self._calling:
             return self._call(op, args)
 
     def _call(self, op: str, args: dict[str, Any]) -> Any:
-        call_id = self._next_id
-        self._next_id += 1
         deadline = time.monotonic() + self.timeout_s
         contact = self.wait_for_contact(deadline)
-        data = json.dumps({"version": CALL_VERSION, "kind": "call", "id": call_id, "op": op,
+        data = self._request(op, args)
+        try:
+            if not contact or not offer_until(self.control, data, deadline):
+                raise self._not_taken(op)
+            while self._answer is None:
+                self._response.poll(self._take, 16)
+                if self._answer is not None:
+                    break
+                if time.monotonic() > deadline:
+                    raise self._not_answered(op)
+                # Parked at once: an answer takes a round trip through two drivers, which a
+                # spinning waiter would take a core from.
+                self._response.wait_for_data(10_000_000, 0)
+            return self._result()
+        finally:
+            self._awaited = None
+
+    async def call_async(self, op: str, **args: Any) -> Any:
+        """:meth:`call` from a trio or asyncio task, without blocking the event loop: the
+        wait for the holder's subscriber sleeps on the loop, the call is offered as
+        :meth:`~slipstream.client.publication.Publication.offer_async` and the answer waited
+        for as :meth:`~slipstream.client.subscription.Subscription.receive_async` (parked on
+        the response stream's eventcount in a worker thread: :mod:`slipstream.client.aio`).
+        Cancelling the task ends the call at once and leaves nothing parked; its answer,
+        when it comes, is dropped (no later call takes it for its own)."""
+        import anyio
+
+        # One call at a time, with the blocking calls too (one may run in a worker thread);
+        # the lock is asked without blocking the loop.
+        while not self._calling.acquire(blocking=False):
+            await anyio.sleep(0.001)
+        try:
+            return await self._call_async(op, args)
+        finally:
+            self._calling.release()
+
+    async def _call_async(self, op: str, args: dict[str, Any]) -> Any:
+        deadline = time.monotonic() + self.timeout_s
+        contact = await self.wait_for_contact_async(deadline)
+        data = self._request(op, args)
+        try:
+            taken = False
+            if contact:
+                try:
+                    taken = await self.control.offer_async(
+                        data, timeout=max(deadline - time.monotonic(), 0.0)) > 0
+                except BackPressuredError:
+                    pass  # not connected or no credit until the deadline: not taken
+            if not taken:
+                raise self._not_taken(op)
+            while self._answer is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise self._not_answered(op)
+                await self._response.receive_async(self._take, 16, timeout=remaining)
+            return self._result()
+        finally:
+            self._awaited = None
+
+    def _request(self, op: str, args: dict[str, Any]) -> bytes:
+        """A new call's message; from now its answer is the one awaited."""
+        call_id = self._next_id
+        self._next_id += 1
+        self._awaited, self._answer = call_id, None
+        return json.dumps({"version": CALL_VERSION, "kind": "call", "id": call_id, "op": op,
                            "args": args, "reply_channel": self.reply_channel,
                            "response_stream_id": self.response_stream_id}).encode()
-        if not contact or not offer_until(self.control, data, deadline):
-            raise CallError(
-                f"the holder at {self.holder} did not take the call {op!r} within "
-                f"{self.timeout_s:g} s: is it running, and UDP port {self.port} open "
-                f"between this host and {self.address} both ways?")
-        while call_id not in self._answers:
-            self._response.poll(self._take, 16)
-            if call_id in self._answers:
-                break
-            if time.monotonic() > deadline:
-                raise CallError(f"the holder at {self.holder} took the call {op!r} but did not "
-                                f"answer within {self.timeout_s:g} s (is UDP port {self.port} "
-                                f"open towards this host?)")
-            # Parked at once: an answer takes a round trip through two drivers, which a
-            # spinning waiter would take a core from.
-            self._response.wait_for_data(10_000_000, 0)
-        answer = self._answers.pop(call_id)
-        self._answers.clear()  # answers to earlier calls that timed out
+
+    def _not_taken(self, op: str) -> CallError:
+        return CallError(f"the holder at {self.holder} did not take the call {op!r} within "
+                         f"{self.timeout_s:g} s: is it running, and UDP port {self.port} open "
+                         f"between this host and {self.address} both ways?")
+
+    def _not_answered(self, op: str) -> CallError:
+        return CallError(f"the holder at {self.holder} took the call {op!r} but did not "
+                         f"answer within {self.timeout_s:g} s (is UDP port {self.port} "
+                         f"open towards this host?)")
+
+    def _result(self) -> Any:
+        """The awaited answer's result; raises :class:`CallError` for an error answer."""
+        answer = self._answer
+        assert answer is not None
+        self._answer = None
         if answer.get("status") != "ok":
             raise CallError(f"the holder at {self.holder}: {answer.get('message', answer)}",
                             answer)
@@ -423,8 +504,11 @@ class HolderLink:
             answer = json.loads(bytes(data))
         except (UnicodeDecodeError, json.JSONDecodeError):
             return  # not an answer: the stream is ours, so nothing to tell anyone
-        if isinstance(answer, dict) and isinstance(answer.get("id"), int):
-            self._answers[answer["id"]] = answer
+        # The awaited call's answer; another's (a call that timed out or was cancelled) is
+        # dropped.
+        if isinstance(answer, dict) and type(answer.get("id")) is int \
+                and answer["id"] == self._awaited:
+            self._answer = answer
 
     def close(self) -> None:
         self.control.close()

@@ -13,7 +13,10 @@
  *                            readers' wait for frames and the publishers' wait for credit
  *   native_keeper.c          the client's keepalive thread
  *   native_thread.c          a thread's name
- * and this file, the atomics on shared memory that Python calls (Aeron's aeron_atomic.h). */
+ * and this file, the atomics on shared memory that Python calls (Aeron's aeron_atomic.h).
+ * A file includes and calls only files below it (tests/test_layers.py, C_LAYERS): this file
+ * and native_thread.c, then native_park.c, native_logbuffer.c, the readers and the keeper,
+ * native_appender.c, native_block_appender.c, and fastpath.c above them all. */
 #define _GNU_SOURCE
 #include "native_internal.h"
 

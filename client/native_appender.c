@@ -159,17 +159,6 @@ int64_t ss_refine(ss_appender_t *a, int64_t result) {
     return SS_BACK_PRESSURED;
 }
 
-/* The position the next append would start at (the active term's tail, capped at its end). */
-static inline int64_t producer_position(const ss_appender_t *a) {
-    int32_t term_count = active_term_count(a->meta);
-    if (term_count < 0) return 0;
-    int32_t index = term_count % SS_PARTITION_COUNT;
-    int64_t raw = LOAD_ACQ((const int64_t *)(a->meta + SS_META_TAIL_COUNTERS + 8 * index));
-    int64_t offset = raw & 0xFFFFFFFFLL;
-    if (offset > a->term_length) offset = a->term_length;
-    return ((int64_t)term_count << a->position_bits) + offset;
-}
-
 void ss_publish_limit(int64_t *limit, int64_t value, uint8_t *meta) {
     STORE_REL(limit, value);
     STORE_REL((int64_t *)(meta + SS_META_LIMIT_MOVED_TIME), monotonic_ns());
@@ -177,12 +166,7 @@ void ss_publish_limit(int64_t *limit, int64_t value, uint8_t *meta) {
               (const int32_t *)(meta + SS_META_PUBLISHER_WAITERS));
 }
 
-int ss_has_credit(const ss_appender_t *a) {
-    if (LOAD_ACQ(&a->closed)) return 1;
-    if (LOAD_ACQ((const int32_t *)(a->meta + SS_META_IS_CONNECTED)) != 1) return 0;
-    /* As claim(): an append starts while the position is below the limit. */
-    return producer_position(a) < LOAD_ACQ(a->publication_limit);
-}
+int ss_has_credit(const ss_appender_t *a) { return has_credit(a); }
 
 int64_t ss_offer(ss_appender_t *a, const char *msg, int32_t length) {
     if (a->closed) return SS_CLOSED; /* before touching a log that may be unmapped */

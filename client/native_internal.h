@@ -3,7 +3,8 @@
  * calls (cffi's cdef is made from it alone), native.c the map of the files.  Here: acquire and
  * release accesses, the frame alignment, the monotonic clock, the log metadata's tail counters
  * and active term count (Aeron's aeron_logbuffer_descriptor.h), the frame header's writer
- * (Aeron's HeaderWriter) and the wake-up of a log's readers after an append.  All of it is
+ * (Aeron's HeaderWriter), a publisher's credit (the appender's and its wait's) and the
+ * wake-up of a log's readers after an append.  All of it is
  * static inline: the appends of two files inline it, so a file boundary costs the hot path
  * no call.  None of it is in native.h, so Python does not see it.  Each C file defines
  * _GNU_SOURCE and includes this header before anything else.
@@ -53,6 +54,25 @@ static inline void write_header(uint8_t *frame, int32_t frame_length, uint8_t fl
     *(int32_t *)(frame + SS_SESSION_ID_FIELD) = session_id;
     *(int32_t *)(frame + SS_STREAM_ID_FIELD) = stream_id;
     *(int32_t *)(frame + SS_TERM_ID_FIELD) = term_id;
+}
+
+/* The position the next append would start at (the active term's tail, capped at its end). */
+static inline int64_t producer_position(const ss_appender_t *a) {
+    int32_t term_count = active_term_count(a->meta);
+    if (term_count < 0) return 0;
+    int32_t index = term_count % SS_PARTITION_COUNT;
+    int64_t raw = LOAD_ACQ((const int64_t *)(a->meta + SS_META_TAIL_COUNTERS + 8 * index));
+    int64_t offset = raw & 0xFFFFFFFFLL;
+    if (offset > a->term_length) offset = a->term_length;
+    return ((int64_t)term_count << a->position_bits) + offset;
+}
+
+/* ss_has_credit (native.h), which the publisher's wait (ss_await_credit) looks at too. */
+static inline int has_credit(const ss_appender_t *a) {
+    if (LOAD_ACQ(&a->closed)) return 1;
+    if (LOAD_ACQ((const int32_t *)(a->meta + SS_META_IS_CONNECTED)) != 1) return 0;
+    /* As claim(): an append starts while the position is below the limit. */
+    return producer_position(a) < LOAD_ACQ(a->publication_limit);
 }
 
 static inline void signal_readers(const ss_appender_t *a) {

@@ -172,7 +172,7 @@ int ss_await_credit(const ss_appender_t *a, int64_t spin_ns, int64_t yield_ns,
     int64_t start = monotonic_ns();
     int64_t deadline = timeout_ns < 0 ? -1 : start + timeout_ns;
     for (uint32_t n = 0;; n++) {
-        if (ss_has_credit(a)) return 1;
+        if (has_credit(a)) return 1;
         if ((n & 63) == 63) {
             int64_t now = monotonic_ns();
             if (now - start >= spin_ns) break;
@@ -183,7 +183,7 @@ int ss_await_credit(const ss_appender_t *a, int64_t spin_ns, int64_t yield_ns,
     /* Then give the core up between looks: the driver that moves the limit, or the
      * subscriber it waits for, may need it; a park's wake-up costs an idle vCPU tens of us. */
     for (;;) {
-        if (ss_has_credit(a)) return 1;
+        if (has_credit(a)) return 1;
         int64_t now = monotonic_ns();
         if (now - start >= spin_ns + yield_ns) break;
         if (deadline >= 0 && now >= deadline) return 0;
@@ -197,7 +197,7 @@ int ss_await_credit(const ss_appender_t *a, int64_t spin_ns, int64_t yield_ns,
         int32_t seen = __atomic_load_n(signal, __ATOMIC_SEQ_CST);
         /* Registered, then re-checked: the driver stores the limit, then reads the waiters
          * (ss_signal), so either it sees us or we see its limit. */
-        if (ss_has_credit(a)) { result = 1; break; }
+        if (has_credit(a)) { result = 1; break; }
         int64_t remaining = -1;
         if (deadline >= 0) {
             remaining = deadline - monotonic_ns();
@@ -207,7 +207,7 @@ int ss_await_credit(const ss_appender_t *a, int64_t spin_ns, int64_t yield_ns,
         if (rc == EAGAIN) continue; /* the word moved before we slept: look again */
         /* Woken, timed out or interrupted (EINTR: Python delivers signals such as
          * KeyboardInterrupt): return either way, the caller looks again. */
-        result = ss_has_credit(a);
+        result = has_credit(a);
         break;
     }
     __atomic_fetch_sub(waiters, 1, __ATOMIC_SEQ_CST);

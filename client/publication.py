@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from slipstream.client import _fastpath, control
 from slipstream.client._native import ffi, lib
 from slipstream.client.channel import PolicySpec, parse_channel
+from slipstream.client.closing import ClosedOnExit
 from slipstream.client.counters import SystemCounter
 from slipstream.client.errors import InvalidArgumentError, MessageTooLongError, UsageError
 from slipstream.client.idle import IDLE_PARK_NS, IDLE_YIELD_NS, SpinThenPark
@@ -227,7 +228,7 @@ def _int32_lengths(lengths: Sequence[int] | Buffer) -> array | memoryview:
         raise InvalidArgumentError("lengths", f"not a sequence of int32 lengths: {e}") from None
 
 
-class Publication:
+class Publication(ClosedOnExit):
     """A handle on a stream for offering messages.  Create with ``Client.add_publication``."""
 
     def __init__(self, client: ResourceOwner, channel: str, stream_id: int, registration_id: int,
@@ -626,12 +627,6 @@ class Publication:
 
     def _unmap(self) -> None:
         self._log.close()
-
-    def __enter__(self) -> Publication:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(channel={self.channel!r}, stream_id={self.stream_id}, "

@@ -23,6 +23,7 @@ from typing import Any
 
 from slipstream.client import control
 from slipstream.client._native import ffi, lib
+from slipstream.client.closing import ClosedOnExit
 from slipstream.client.errors import InvalidArgumentError, UsageError
 from slipstream.client.idle import SpinThenPark
 from slipstream.client.idle import progress as idle_progress
@@ -45,7 +46,7 @@ def _check_fragment_limit(fragment_limit: int) -> None:
                                                      f"needs at least 1")
 
 
-class Subscription:
+class Subscription(ClosedOnExit):
     """Receives a stream: ``poll`` (non-blocking), ``receive`` (waits), ``poll_batch``."""
 
     def __init__(self, client: ResourceOwner, channel: str, stream_id: int, registration_id: int,
@@ -445,12 +446,6 @@ class Subscription:
         # Its images' logs are unmapped after the client's resource linger, not here: close()
         # may come from any thread (an image handler too) while a poll runs in C.
         self._client.release_subscription(self.registration_id, self.release_gone_images)
-
-    def __enter__(self) -> Subscription:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (f"Subscription(channel={self.channel!r}, stream_id={self.stream_id}, "

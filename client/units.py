@@ -24,17 +24,23 @@ _SIZE = re.compile(r"^\s*(\d+)\s*([kKmMgG](?:i?[bB])?|[bB])?\s*$")
 _SIZE_SCALE = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
 
+def _whole_quantity(value: int, what: str) -> int:
+    """An int given for a ``what`` (a duration, a size), already in its base units (ns,
+    bytes): ``value`` itself; ValueError for a bool or a negative int."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a {what}")
+    if value < 0:
+        raise ValueError(f"{value} is negative; a {what} is >= 0")
+    return value
+
+
 def parse_duration_ns(text: str | int | float) -> int:
     """``"100us"``, ``"5s"``, ``"200ms"`` or a bare number of nanoseconds → nanoseconds.
 
     Raises ``ValueError`` with the accepted forms when the text is not a duration.
     """
-    if isinstance(text, bool):
-        raise ValueError(f"{text!r} is not a duration")
     if isinstance(text, int):
-        if text < 0:
-            raise ValueError(f"{text} is negative; a duration is >= 0")
-        return text
+        return _whole_quantity(text, "duration")
     if isinstance(text, float):
         if not text >= 0 or text == float("inf"):
             raise ValueError(f"{text} is not a duration >= 0")
@@ -57,12 +63,8 @@ def parse_size(text: str | int) -> int:
 
     Units are powers of 1024.
     """
-    if isinstance(text, bool):
-        raise ValueError(f"{text!r} is not a size")
     if isinstance(text, int):
-        if text < 0:
-            raise ValueError(f"{text} is negative; a size is >= 0")
-        return text
+        return _whole_quantity(text, "size")
     match = _SIZE.match(text)
     if not match:
         raise ValueError(f"{text!r} is not a size (bytes, or a number with k, m or g)")
@@ -72,8 +74,8 @@ def parse_size(text: str | int) -> int:
 
 def format_duration_ns(ns: int) -> str:
     """The shortest exact spelling of a duration, for --print-config and error messages."""
-    for unit, scale in (("h", 3_600_000_000_000), ("m", 60_000_000_000), ("s", 1_000_000_000),
-                        ("ms", 1_000_000), ("us", 1_000)):
+    for unit in ("h", "m", "s", "ms", "us"):
+        scale = _DURATION_SCALE[unit]
         if ns and ns % scale == 0:
             return f"{ns // scale}{unit}"
     return f"{ns}ns"

@@ -1,5 +1,8 @@
-"""The ``slipstream`` command (also ``python -m slipstream``): ``driver``, ``stat``,
-``metrics``, ``demo`` and ``sim``; ``--version``."""
+"""The driver's commands of ``slipstream``: ``driver``, ``stat``, ``metrics`` and ``demo``
+(:func:`add_commands`), and the command's parser and error handling (:func:`new_parser`,
+:func:`main`).  The ``slipstream`` command itself, with the simulator's ``sim`` beside these,
+is :mod:`slipstream.cli`; ``python -m slipstream.daemon.cli`` runs these four alone (the
+launcher's :meth:`~slipstream.daemon.driver.MediaDriver.start` runs ``driver`` so)."""
 
 from __future__ import annotations
 
@@ -16,6 +19,10 @@ from slipstream.client.errors import (
     InvalidArgumentError,
     SlipstreamError,
 )
+from slipstream.daemon.directory import EXIT_ALREADY_RUNNING, EXIT_DIRECTORY_REFUSED
+
+#: What :func:`new_parser` hands the commands' adders: argparse's set of subcommands.
+Commands = argparse._SubParsersAction  # argparse names no public type for it
 
 
 def _driver(args: argparse.Namespace) -> int:
@@ -54,12 +61,6 @@ def _demo(args: argparse.Namespace) -> int:
                     slow_consumer=args.slow_consumer, policy=args.policy)
 
 
-def _sim(args: argparse.Namespace) -> int:
-    from slipstream.sim.cli import run as run_sim
-
-    return run_sim(args)
-
-
 def _positive_seconds(text: str) -> float:
     try:
         seconds = float(text)
@@ -71,7 +72,7 @@ def _positive_seconds(text: str) -> float:
 
 
 def int_at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= ``low`` (the CLI's and ``slipstream sim``'s)."""
+    """An argparse type: an integer >= ``low`` (the commands' and ``slipstream sim``'s)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -122,14 +123,28 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
-def build_parser() -> argparse.ArgumentParser:
+def new_parser() -> tuple[argparse.ArgumentParser, Commands]:
+    """The ``slipstream`` command's parser, with ``--version`` and no command yet, and the
+    set its commands are added to (:func:`add_commands`, ``slipstream.sim.cli``'s)."""
     parser = argparse.ArgumentParser(
         prog="slipstream",
         description="Aeron-style media driver: reliable UDP and shared-memory streams.")
     parser.add_argument("--version", action=_VersionAction,
                         help="print the installed distribution's version and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    return parser, commands
 
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of the driver's commands alone (``python -m slipstream.daemon.cli``)."""
+    parser, commands = new_parser()
+    add_commands(commands)
+    return parser
+
+
+def add_commands(commands: Commands) -> None:
+    """Add ``driver``, ``stat``, ``metrics`` and ``demo`` to ``commands``; each sets ``func``,
+    which :func:`main` calls with the parsed arguments."""
     from slipstream.daemon.config import add_arguments
 
     driver = commands.add_parser(
@@ -214,29 +229,14 @@ def build_parser() -> argparse.ArgumentParser:
                            "with --slow-consumer only")
     demo.set_defaults(func=_demo)
 
-    # The simulator ships in the same package: a failing import is a broken install, said
-    # as such, not a command that silently vanishes.
-    from slipstream.sim.cli import add_arguments as add_sim_arguments
 
-    sim = commands.add_parser(
-        "sim", help="run the protocol in the deterministic network simulator",
-        description="One publisher to N-1 subscribers over a virtual network with faults "
-                    "(unicast when N is 2, multicast above), faster than real time.")
-    add_sim_arguments(sim)
-    sim.set_defaults(func=_sim)
-    return parser
-
-
-#: Exit statuses that say why ``slipstream driver`` refused to start (its launcher,
-#: MediaDriver.launch, tells them apart by these): any other error of slipstream's, of any
-#: command, is 2.
-EXIT_ALREADY_RUNNING = 3  # DriverAlreadyRunningError: a live driver holds the directory
-EXIT_DIRECTORY_REFUSED = 4  # DriverDirectoryError: the directory is not the driver's to use
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def main(argv: Sequence[str] | None = None,
+         parser: argparse.ArgumentParser | None = None) -> int:
+    """Parse ``argv`` (default: the command line) with ``parser`` (default:
+    :func:`build_parser`'s) and run its command; returns the exit status: the command's, 2
+    for a :class:`SlipstreamError` (printed), :data:`EXIT_ALREADY_RUNNING` and
+    :data:`EXIT_DIRECTORY_REFUSED` for ``driver``'s refusals, 130 after Ctrl-C."""
+    args = (parser or build_parser()).parse_args(argv)
     try:
         return args.func(args)
     except SlipstreamError as e:

@@ -36,6 +36,12 @@ from slipstream.daemon.reports.error_log import PREVIOUS_FILE as PREVIOUS_ERROR_
 from slipstream.daemon.reports.error_log import TEMPORARY_FILE as ERROR_LOG_TEMPORARY_FILE
 from slipstream.daemon.reports.loss_report import FILE as LOSS_REPORT_FILE
 
+#: Exit statuses that say why a driver process (``slipstream driver``) refused to start, so
+#: that its launcher (:meth:`~slipstream.daemon.driver.MediaDriver.start`) raises the same
+#: error as the process did; any other error of slipstream's, of any command, is 2.
+EXIT_ALREADY_RUNNING = 3  # DriverAlreadyRunningError: a live driver holds the directory
+EXIT_DIRECTORY_REFUSED = 4  # DriverDirectoryError: the directory is not the driver's to use
+
 
 class DriverDirectory:
     """The driver directory: one driver per directory, held by an flock on ``driver.lock``.

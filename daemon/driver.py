@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +30,8 @@ from slipstream.client.errors import (
     DriverDirectoryError,
     DriverError,
 )
-from slipstream.daemon.cli import EXIT_ALREADY_RUNNING, EXIT_DIRECTORY_REFUSED
 from slipstream.daemon.config import load_settings
+from slipstream.daemon.directory import EXIT_ALREADY_RUNNING, EXIT_DIRECTORY_REFUSED
 from slipstream.daemon.embedded import EmbeddedDriver
 
 #: Settings of the daemon's threads (how many network threads, how long they spin idle): an
@@ -77,13 +77,19 @@ class MediaDriver:
 
     Settings are :class:`DriverSettings` field names with native values (ns, bytes) or strings
     with units (``client_liveness_timeout="2s"``).
+
+    ``directory`` is the driver's directory as the driver names it, what a client connects
+    to; ``view`` the same directory as this process reaches it, to read its files (the
+    directory itself, unless the driver runs in a mount namespace of its own:
+    :meth:`start`).
     """
 
     def __init__(self, directory: Path, process: subprocess.Popen[bytes],
-                 drain_timeout_s: float = 10.0) -> None:
+                 drain_timeout_s: float = 10.0, view: Path | None = None) -> None:
         self.directory = directory
         self.process = process
         self.drain_timeout_s = drain_timeout_s
+        self.view = directory if view is None else view
 
     @property
     def pid(self) -> int:
@@ -118,15 +124,21 @@ class MediaDriver:
 
     @classmethod
     def start(cls, directory: Path, overrides: Mapping[str, Any], *,
-              startup_timeout: float = 20.0, netns: str | None = None) -> MediaDriver:
-        """Start the child and wait until it accepts clients; ``netns``: inside that network
-        namespace (``ip netns exec``, which execs the driver: same pid)."""
+              startup_timeout: float = 20.0, prefix: Sequence[str] = (),
+              view: Path | None = None) -> MediaDriver:
+        """Start the child and wait until it accepts clients (its heartbeat is in its
+        counters file); :class:`DriverError` (:class:`DriverAlreadyRunningError`,
+        :class:`DriverDirectoryError` for those refusals) with its stderr when it exits
+        first, or naming ``startup_timeout`` (s) when it is not ready by then; nothing is
+        left running.  ``prefix``: the command it runs under, which must exec it (same pid),
+        e.g. ``ip netns exec NAME`` (a network namespace) or ``nsenter`` into a host's
+        namespaces; ``view``: where this process sees ``directory`` when the driver runs
+        with a mount namespace of its own (default: ``directory`` itself).  Its stderr is
+        passed through to this process's, each line marked with its pid."""
         # It stops as at SIGTERM when its standard input ends: this process holds the pipe,
         # and when it dies, killed or not, the driver drains and goes with it.
-        args = [sys.executable, "-m", "slipstream.daemon.cli", "driver", "--dir", str(directory),
-                "--stop-when-stdin-closes"]
-        if netns is not None:
-            args = ["ip", "netns", "exec", netns, *args]
+        args = [*prefix, sys.executable, "-m", "slipstream.daemon.cli", "driver",
+                "--dir", str(directory), "--stop-when-stdin-closes"]
         for key, value in overrides.items():
             if key == "dir":
                 continue
@@ -140,7 +152,7 @@ class MediaDriver:
         # drains it once; had the SIGINT reached it too, that SIGTERM would be a second stop.
         process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.PIPE, env=env, start_new_session=True)
-        driver = cls(Path(directory), process, drain_timeout_s)
+        driver = cls(Path(directory), process, drain_timeout_s, view)
         _LAUNCHED.add(driver)
         try:
             deadline = time.monotonic() + startup_timeout
@@ -163,15 +175,9 @@ class MediaDriver:
             driver.stop(timeout=2.0)
             raise
 
-    def _files(self) -> Path:
-        """Where this process sees the driver's directory (a driver in a host with a mount
-        namespace of its own is seen through its root)."""
-        return self.directory
-
     def _ready(self) -> bool:
-        files = self._files()
-        counters_path = files / control.COUNTERS_FILE
-        if not (files / control.CONDUCTOR_SOCKET).exists() or not counters_path.exists():
+        counters_path = self.view / control.COUNTERS_FILE
+        if not (self.view / control.CONDUCTOR_SOCKET).exists() or not counters_path.exists():
             return False
         try:
             counters = CountersFile(counters_path, writable=False)

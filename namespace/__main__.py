@@ -1,7 +1,7 @@
-"""``python -m slipstream``: the ``slipstream`` command (slipstream.daemon.cli)."""
+"""``python -m slipstream``: the ``slipstream`` command (slipstream.cli)."""
 
 import sys
 
-from slipstream.daemon.cli import main
+from slipstream.cli import main
 
 sys.exit(main())

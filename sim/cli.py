@@ -1,6 +1,7 @@
 """``slipstream sim``: run the protocol over the virtual network from the command line.
 
-``daemon/cli.py`` wires the subcommand to :func:`add_arguments` and :func:`run`.
+:func:`add_command` adds the subcommand to the ``slipstream`` command (:mod:`slipstream.cli`);
+its options are :func:`add_arguments`' and :func:`run` runs it.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import sys
 
 import attrs
 
-from slipstream.daemon.cli import int_at_least, non_negative_number
+from slipstream.daemon.cli import Commands, int_at_least, non_negative_number
 from slipstream.sim.host import CommandRefusedError
 from slipstream.sim.network import LinkFaults
 from slipstream.sim.scenario import (
@@ -60,6 +61,17 @@ def _partition(text: str) -> tuple[float, float]:
     if b <= a:
         raise argparse.ArgumentTypeError(f"END_MS {b:g} must be after START_MS {a:g}")
     return a, b
+
+
+def add_command(commands: Commands) -> None:
+    """Add ``sim`` to the ``slipstream`` command's ``commands``
+    (:func:`slipstream.daemon.cli.new_parser`); it runs :func:`run`."""
+    sim = commands.add_parser(
+        "sim", help="run the protocol in the deterministic network simulator",
+        description="One publisher to N-1 subscribers over a virtual network with faults "
+                    "(unicast when N is 2, multicast above), faster than real time.")
+    add_arguments(sim)
+    sim.set_defaults(func=run)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

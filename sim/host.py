@@ -34,7 +34,7 @@ import random
 import shutil
 import struct
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 from slipstream.client import control
 from slipstream.client._native import ffi, lib
@@ -47,11 +47,26 @@ from slipstream.daemon.conductor.conductor import DriverConductor
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.protocol.types import Address
 from slipstream.daemon.streams.publication import NetworkPublication
-from slipstream.sim.events import PHASE_SERVICE, Timer
+from slipstream.sim.events import PHASE_SERVICE, EventLoop, Timer
+from slipstream.sim.network import Network
+from slipstream.sim.scenario import Scenario
 from slipstream.sim.transport import VirtualTransports
 
-if TYPE_CHECKING:
-    from slipstream.sim.runner import Simulation
+
+class World(Protocol):
+    """What the hosts use of the simulation they run in
+    (:class:`~slipstream.sim.runner.Simulation`, which makes them): its event loop, network,
+    scenario and seed, the driver settings, the directory the drivers' directories are made
+    in, and the publishing host."""
+
+    loop: EventLoop
+    network: Network
+    scenario: Scenario
+    seed: int
+    settings: DriverSettings
+    directory: Path
+    publisher: PublisherHost
+
 
 MESSAGE_HEADER: Final = struct.Struct("<II")  # publisher id, sequence number
 MESSAGE_TRAILER: Final = struct.Struct("<I")  # the sequence number again, in the last 4 bytes
@@ -263,7 +278,7 @@ class SimHost:
     """One machine: address, up/down, a driver, service passes and timers.  Subclasses add the
     application."""
 
-    def __init__(self, sim: Simulation, index: int) -> None:
+    def __init__(self, sim: World, index: int) -> None:
         self.sim = sim
         self.index = index
         self.ip = f"10.0.0.{index}"
@@ -404,7 +419,7 @@ class SimHost:
 class PublisherHost(SimHost):
     """Host 1: one publication, one publisher appending numbered messages."""
 
-    def __init__(self, sim: Simulation, index: int) -> None:
+    def __init__(self, sim: World, index: int) -> None:
         super().__init__(sim, index)
         self.log: LogBuffer | None = None
         self.uri = sim.scenario.channel_uri(index)
@@ -577,7 +592,7 @@ class SubscriberHost(SimHost):
     subscriber reads everything it can, or ``read_rate`` messages per virtual second (the
     scenario's ``[[subscriber]]``), and not at all while paused (a ``pause`` event)."""
 
-    def __init__(self, sim: Simulation, index: int) -> None:
+    def __init__(self, sim: World, index: int) -> None:
         super().__init__(sim, index)
         self.stats = SubscriberStats(sim.scenario.messages)
         self.uri = sim.scenario.channel_uri(index)

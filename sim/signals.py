@@ -23,7 +23,7 @@ def exit_on_sigterm() -> None:
 @contextlib.contextmanager
 def exiting_on_sigterm() -> Iterator[None]:
     """:func:`exit_on_sigterm` for a block, then the action before it again: for a run that a
-    caller may make in its own process (``slipstream.daemon.cli.main(["sim", ...])``)."""
+    caller may make in its own process (``slipstream.cli.main(["sim", ...])``)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -29,11 +29,12 @@ import errno
 import ipaddress
 import weakref
 from collections import deque
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 from slipstream.client.channel import Channel
 from slipstream.client.errors import ChannelError
 from slipstream.daemon._network import ffi as network_ffi
+from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.media import send_point
 from slipstream.daemon.media.destinations import TABLE_MODES, DestinationTable
 from slipstream.daemon.media.interfaces import IFF_MULTICAST, IFF_UP, InterfaceAddress
@@ -42,10 +43,30 @@ from slipstream.daemon.media.receive_destinations import MultiDestinationReceive
 from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.protocol.types import Address, Datagram
 from slipstream.daemon.streams.publication import NetworkPublication
-from slipstream.sim.network import is_multicast
+from slipstream.sim.network import Network, is_multicast
 
-if TYPE_CHECKING:
-    from slipstream.sim.host import SimHost
+
+class TransportWorld(Protocol):
+    """What the transports use of the simulation their host is in
+    (:class:`~slipstream.sim.runner.Simulation`)."""
+
+    network: Network
+    settings: DriverSettings
+
+
+class TransportHost(Protocol):
+    """What the transports use of their host (:class:`~slipstream.sim.host.SimHost`): its
+    address, its incarnation (each takes new ephemeral ports), its simulation, and its wake
+    when a datagram arrives."""
+
+    ip: str
+    incarnation: int
+
+    @property
+    def sim(self) -> TransportWorld: ...
+
+    def wake(self) -> None: ...
+
 
 #: The prefix of the simulated hosts' network: every host is 10.0.0.N (sim/host.py).
 SIM_PREFIX: Final = 24
@@ -66,7 +87,7 @@ class VirtualTransports:
     """The :class:`~slipstream.daemon.conductor.network.NetworkTransports` of one simulated
     host incarnation."""
 
-    def __init__(self, host: SimHost) -> None:
+    def __init__(self, host: TransportHost) -> None:
         self.host = host
         self.send_transports: list[VirtualSendTransport] = []
         self.receive_transports: list[VirtualReceiveTransport] = []
@@ -129,7 +150,7 @@ class VirtualTransports:
 
 
 class _VirtualTransport:
-    def __init__(self, host: SimHost, address: Address) -> None:
+    def __init__(self, host: TransportHost, address: Address) -> None:
         self.host = host
         self.address = address  # what datagrams from here carry as their source
         self.inbox: deque[tuple[bytes, Address]] = deque()
@@ -175,7 +196,7 @@ class VirtualSendTransport(_VirtualTransport):
     A multi-destination-cast endpoint sends to its channel's table, a response endpoint's
     publications each to their own (docs/CHANNELS.md §7.4, §7.6)."""
 
-    def __init__(self, host: SimHost, address: Address, channel: Channel) -> None:
+    def __init__(self, host: TransportHost, address: Address, channel: Channel) -> None:
         if channel.control_mode in TABLE_MODES and channel.control is not None:
             address = (host.ip, channel.control.port or address[1])  # bound to control=
         super().__init__(host, address)
@@ -245,7 +266,7 @@ class VirtualReceiveTransport(_VirtualTransport):
     #: No socket: the C receivers it is given read nothing by themselves.
     fd = -1
 
-    def __init__(self, host: SimHost, bind: Address) -> None:
+    def __init__(self, host: TransportHost, bind: Address) -> None:
         super().__init__(host, (host.ip, bind[1]))
         self._listen(bind)
         self._receiver = None  # cffi ss_receiver_t *: whose send this transport's frames take

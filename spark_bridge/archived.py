@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +28,7 @@ from slipstream.archive.locate import stitch as stitch_held
 from slipstream.archive.view import STAMP_SKEW_MS
 from slipstream.client import Client, SlipstreamError
 from slipstream.client.logview import LogView
+from slipstream.spark_bridge.runtime import ProcessCache
 
 __all__ = ["ArchivedSource", "Archives", "archive_client_for", "forget_archive_client",
            "stitch"]
@@ -317,17 +316,8 @@ class ArchivedSource:
     directory: str | None
 
 
-_lock = threading.Lock()
-_archive_clients: dict[tuple[int, str, Endpoint, str | None], ArchiveClient] = {}
-
-
-def _reset_after_fork() -> None:
-    global _lock
-    _lock = threading.Lock()
-    _archive_clients.clear()
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
+#: This process's links to archives, by (driver directory, endpoint, call key).
+_archive_clients: ProcessCache[tuple[str, Endpoint, str | None], ArchiveClient] = ProcessCache()
 
 
 def archive_client_for(client: Client, directory: str | None, endpoint: Endpoint,
@@ -335,14 +325,14 @@ def archive_client_for(client: Client, directory: str | None, endpoint: Endpoint
     """This process's link to the archive at ``endpoint`` through ``client`` (the driver in
     ``directory``), its calls sealed under ``call_key`` (the endpoint is of that key; None:
     plain), made once and kept while the worker lives and the link works."""
-    key = (os.getpid(), directory or "", endpoint, call_key)
-    with _lock:
-        link = _archive_clients.get(key)
+    key = (directory or "", endpoint, call_key)
+    with _archive_clients.entries() as links:
+        link = links.get(key)
         if link is not None and link.client is client and not client.is_closed:
             return link
     link = ArchiveClient(client, *endpoint, timeout_s=timeout_s, key=call_key)
-    with _lock:
-        _archive_clients[key] = link
+    with _archive_clients.entries() as links:
+        links[key] = link
     return link
 
 
@@ -350,8 +340,8 @@ def forget_archive_client(directory: str | None, endpoint: Endpoint,
                           call_key: str | None = None) -> None:
     """Close and drop this process's link to the archive at ``endpoint`` (it stopped
     answering: the next task makes a new one)."""
-    with _lock:
-        link = _archive_clients.pop((os.getpid(), directory or "", endpoint, call_key), None)
+    with _archive_clients.entries() as links:
+        link = links.pop((directory or "", endpoint, call_key), None)
     if link is not None:
         try:
             link.close()

@@ -85,12 +85,13 @@ class _Holder:
     (:class:`~slipstream.archive.control.ArchiveControl`) on a thread of the planning
     process, with a client of its own, serving replays of the logs the query's
     subscriptions hold (:class:`~slipstream.archive.holding.NamedLogs`) to read tasks on
-    other hosts, as an ingest host's archive serves its held streams'.  ``logs`` maps
-    (stream id, session id) to (log path, join position, the stream's key); the planning
-    thread replaces it as images come and go.  With ``key`` (the query's calls' key, a keyed
-    stream's) its one control endpoint is of that key: only holders of it call, and its
-    replays leave sealed under the key of the log they replay, whatever channel a call names
-    the stream by (docs/ARCHIVE.md, "Protected calls")."""
+    other hosts, as an ingest host's archive serves its held streams'.  The planning thread
+    publishes the logs it holds (``holds.publish``: (stream id, session id) -> log path,
+    join position, the stream's key) as images come and go; the holder's thread reads them.
+    With ``key`` (the query's calls' key, a keyed stream's) its one control endpoint is of
+    that key: only holders of it call, and its replays leave sealed under the key of the log
+    they replay, whatever channel a call names the stream by (docs/ARCHIVE.md, "Protected
+    calls")."""
 
     def __init__(self, directory: str | None, address: str, port: int,
                  key: str | None = None) -> None:
@@ -126,14 +127,6 @@ class _Holder:
         self._thread = threading.Thread(target=self._run, name="slipstream-replay-holder",
                                         daemon=True)
         self._thread.start()
-
-    @property
-    def logs(self) -> dict[tuple[int, int], tuple[str, int, str | None]]:
-        return self.holds.logs
-
-    @logs.setter
-    def logs(self, logs: dict[tuple[int, int], tuple[str, int, str | None]]) -> None:
-        self.holds.logs = logs
 
     def _run(self) -> None:
         try:
@@ -271,9 +264,9 @@ class _OwnHold:
             subscription.release_gone_images()
             images += subscription.images
         if self.holder is not None:
-            self.holder.logs = {(image.stream_id, image.session_id):
-                                (image.log_path, image.join_position, image.channel_key)
-                                for image in images}
+            self.holder.holds.publish({(image.stream_id, image.session_id):
+                                       (image.log_path, image.join_position, image.channel_key)
+                                       for image in images})
         return {offset_key(self.options, image.stream_id, image.session_id): ImageView(image)
                 for image in images}
 

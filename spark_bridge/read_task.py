@@ -25,8 +25,15 @@ from slipstream.archive.client import ArchiveClient
 from slipstream.archive.holding import driver_instance
 from slipstream.archive.locate import Endpoint, LostRange, read_session
 from slipstream.archive.reading import RecordingLostError
-from slipstream.client import DataLossError, GatheredMessages, Image, SlipstreamError, control
-from slipstream.client.counters import CountersFile
+from slipstream.client import (
+    DataLossError,
+    GatheredMessages,
+    Image,
+    SlipstreamError,
+    control,
+    default_directory,
+)
+from slipstream.client.counters import CountersFile, SystemCounter
 from slipstream.client.layout import RESERVED_VALUE_TIME_MASK
 from slipstream.client.logbuffer import LogIdentity
 from slipstream.client.retention import first_retained, message_start
@@ -36,6 +43,7 @@ from slipstream.spark_bridge.archived import (
     forget_archive_client,
 )
 from slipstream.spark_bridge.envelope import MalformedEnvelopeError, decode_batch, headers_type
+from slipstream.spark_bridge.runtime import client_for
 
 __all__ = ["HEADERS_COLUMN", "SCHEMA", "SlipstreamDataLossError", "SlipstreamPartition",
            "loss_message", "read_range", "schema_text"]
@@ -130,8 +138,6 @@ class SlipstreamPartition(InputPartition):
 def local_driver_instance(directory: str | None) -> str | None:
     """:func:`driver_instance` of the driver in this host's ``directory`` (None: the client
     default), or None when there is none."""
-    from slipstream.client import default_directory
-
     path = (Path(directory) if directory else default_directory()) / control.COUNTERS_FILE
     try:
         counters = CountersFile(path)
@@ -146,9 +152,6 @@ def local_driver_instance(directory: str | None) -> str | None:
 def _record_skip(directory: str | None) -> None:
     """Add one to the driver's ``data loss skips`` counter (best effort)."""
     try:
-        from slipstream.client import control, default_directory
-        from slipstream.client.counters import CountersFile, SystemCounter
-
         path = Path(directory) if directory else default_directory()
         counters = CountersFile(path / control.COUNTERS_FILE)
         try:
@@ -293,8 +296,6 @@ def _read_archived(p: SlipstreamPartition) -> Iterator[object]:
     archive, then by the next ones for what is left.  What no archive holds (retention
     removed it after planning; a message across the seam of two recordings that none holds
     whole) is loss, as ``failOnDataLoss`` says, naming its range."""
-    from slipstream.spark_bridge import runtime
-
     assert p.archived is not None
     source = p.archived
     timeout_s = p.replay_timeout_ms / 1000
@@ -302,7 +303,7 @@ def _read_archived(p: SlipstreamPartition) -> Iterator[object]:
     ids: dict[int, tuple[object, object]] = {}
 
     def link(endpoint: Endpoint) -> ArchiveClient:
-        return archive_client_for(runtime.client_for(p.directory), p.directory, endpoint,
+        return archive_client_for(client_for(p.directory), p.directory, endpoint,
                                   timeout_s, p.call_key)
 
     def lost(gone: LostRange) -> None:
@@ -402,12 +403,10 @@ def _read_held(p: SlipstreamPartition) -> Iterator[object]:
     driver: the same messages, positions and reserved values.  What the log no longer holds
     is loss, as ``failOnDataLoss`` says; a replay that ends early is asked again from where
     it ended (the holder then says whether the log lost the rest)."""
-    from slipstream.spark_bridge import runtime
-
     assert p.log is not None and p.holder is not None and p.held is not None
     timeout_s = p.replay_timeout_ms / 1000
     term_length = p.log.term_length
-    link = archive_client_for(runtime.client_for(p.directory), p.directory, p.holder,
+    link = archive_client_for(client_for(p.directory), p.directory, p.holder,
                               timeout_s, p.call_key)
     schema = _schema(p.include_headers)
     ids: dict[int, tuple[object, object]] = {}

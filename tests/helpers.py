@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -199,6 +200,45 @@ def process_state(pid: int) -> str:
             return stat_file.read().rpartition(")")[2].split()[0]
     except FileNotFoundError:
         return ""
+
+
+@contextlib.contextmanager
+def children_take(*signums: signal.Signals) -> Iterator[None]:
+    """Processes started in the block begin with ``signums`` at their default action, even
+    when this one ignores them (a background job of a non-interactive shell ignores SIGINT,
+    ``nohup`` SIGHUP, and a child inherits what is ignored): each ignored one gets a handler
+    that does nothing for the block, and a handler is reset at ``exec``.  This process still
+    takes nothing of them meanwhile.  Main thread only."""
+    ignored = [signum for signum in signums if signal.getsignal(signum) == signal.SIG_IGN]
+    for signum in ignored:
+        signal.signal(signum, lambda *_: None)
+    try:
+        yield
+    finally:
+        for signum in ignored:
+            signal.signal(signum, signal.SIG_IGN)
+
+
+def catches(pid: int, signum: signal.Signals) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (SigCgt in /proc/<pid>/status)."""
+    with open(f"/proc/{pid}/status") as status:
+        caught = next(line for line in status if line.startswith("SigCgt:"))
+    return bool(int(caught.split()[1], 16) >> (signum - 1) & 1)
+
+
+def runnable_s(*, all_threads: bool = False) -> float:
+    """Seconds the calling thread (``all_threads``: every thread of this process, summed)
+    has been runnable: on a CPU, or waiting for one (``schedstat`` in /proc).  A thread that
+    spins is runnable all the time however loaded the machine (it waits for a CPU instead),
+    one that sleeps is not: what a wait costs, told apart from the load."""
+    paths = (list(Path("/proc/self/task").glob("*/schedstat")) if all_threads
+             else [Path("/proc/thread-self/schedstat")])
+    total = 0
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # a thread ended
+            on_cpu, waiting, _ = path.read_text().split()
+            total += int(on_cpu) + int(waiting)
+    return total / 1e9
 
 
 def offer_until(publication: Any, message: bytes, timeout: float = 5.0) -> int:

@@ -474,8 +474,8 @@ def test_a_query_holders_replay_is_sealed_under_the_logs_key_whatever_channel_na
             wait_for(lambda: image.producer_position() == publication.position,
                      what="every message in the subscriber's log")
             assert image.channel_key == "k1"
-            holder.logs = {(STREAM, image.session_id):
-                           (image.log_path, image.join_position, image.channel_key)}
+            holder.holds.publish({(STREAM, image.session_id):
+                                  (image.log_path, image.join_position, image.channel_key)})
             with ArchiveClient(client, "127.0.0.1", holder.address[1], holder.address[2],
                                key="k1", timeout_s=10) as k1:
                 destination = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"

@@ -367,8 +367,8 @@ async def test_a_replay_is_read_from_a_trio_or_asyncio_task_and_its_wait_cancell
     whole while another task of the loop keeps running; on a followed live recording with
     nothing more to come it parks, and a cancellation frees its thread from the futex (the
     park slices far longer than the wait for it: only the wake frees it).  Once the recording
-    stops, a followed replay's check of its stop (a call to the archive) runs while the
-    loop's other tasks do: the call goes on only after one of them ran."""
+    stops, a followed replay's check of its stop is the archive call's async form (which
+    waits without blocking the loop: tests/test_archive_async.py), never the blocking one."""
     import anyio
 
     from slipstream.client import aio
@@ -414,32 +414,22 @@ async def test_a_replay_is_read_from_a_trio_or_asyncio_task_and_its_wait_cancell
 
             publication.close()  # the recording stops: a followed replay ends there
             wait_for(lambda: not archive.recording_position(0)[1], what="the recording stopped")
-            other_task_ran = threading.Event()
-            asked = archive.recording_position
+            asked = archive.recording_position_async
             checks = 0
 
-            def recording_position(recording_id: int) -> tuple[int, bool]:
-                # Answered once another task of the loop ran since: none can while the loop
-                # waits here (then this gives up, and the assertion says so).
+            async def recording_position_async(recording_id: int) -> tuple[int, bool]:
                 nonlocal checks
                 checks += 1
-                other_task_ran.clear()
-                assert other_task_ran.wait(20), "the loop was blocked by the stop's check"
-                return asked(recording_id)
+                return await asked(recording_id)
 
+            def recording_position(recording_id: int) -> tuple[int, bool]:
+                raise AssertionError("the stop's check blocked the loop with a blocking call")
+
+            monkeypatch.setattr(archive, "recording_position_async", recording_position_async)
             monkeypatch.setattr(archive, "recording_position", recording_position)
-
-            async def mark() -> None:
-                while True:
-                    await anyio.sleep(0.001)
-                    other_task_ran.set()
-
-            async with anyio.create_task_group() as tasks:
-                tasks.start_soon(mark)
-                with archive.replay(0) as followed:
-                    got.clear()
-                    await followed.read_all_async(
-                        lambda data, header: got.append((bytes(data), header.position)), 30)
-                    assert followed.done
-                tasks.cancel_scope.cancel()
+            with archive.replay(0) as followed:
+                got.clear()
+                await followed.read_all_async(
+                    lambda data, header: got.append((bytes(data), header.position)), 30)
+                assert followed.done
             assert got == expected(0, positions) and checks == 1

@@ -18,7 +18,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers import FAST_DRIVER_SETTINGS, NETWORK_SETTINGS, free_port, wait_for
+from helpers import (
+    FAST_DRIVER_SETTINGS,
+    NETWORK_SETTINGS,
+    catches,
+    children_take,
+    free_port,
+    wait_for,
+)
 
 from slipstream.client import (
     BACK_PRESSURED,
@@ -142,6 +149,11 @@ def _backlog(publisher: Publisher, subscriber: Subscriber, window: int) -> int:
     return end
 
 
+#: The drain timeout of the streams stopped mid-flight, s: a drain that finishes takes
+#: less, one that times out takes all of it.
+DRAIN_S = 10
+
+
 def _sigterm_and_wait(driver: MediaDriver, timeout: float = 20.0,
                       then: Callable[[], object] | None = None) -> tuple[int, float]:
     """SIGTERM, then ``then()`` (a held reader resumes), then wait for the exit."""
@@ -155,7 +167,7 @@ def _sigterm_and_wait(driver: MediaDriver, timeout: float = 20.0,
 
 
 def test_an_ipc_stream_stopped_mid_flight_loses_nothing_offer_accepted(launch) -> None:
-    driver = launch(**{**FAST_DRIVER_SETTINGS, "drain_timeout": "10s"})
+    driver = launch(**{**FAST_DRIVER_SETTINGS, "drain_timeout": f"{DRAIN_S}s"})
     with Client.connect(driver.directory) as client:
         subscriber = Subscriber(client.add_subscription("aeron:ipc", 10))
         publisher = Publisher(client.add_publication("aeron:ipc", 10))
@@ -171,7 +183,7 @@ def test_an_ipc_stream_stopped_mid_flight_loses_nothing_offer_accepted(launch) -
         publisher.join(5)
         subscriber.join(5)
     assert code == 0
-    assert took < 8, f"the drain took {took:.1f} s: it should finish, not time out"
+    assert took < DRAIN_S, f"the drain took {took:.1f} s: it should finish, not time out"
     assert publisher.results_after_signal == [BACK_PRESSURED, CLOSED]
     assert subscriber.wrong == []
     assert subscriber.received == publisher.accepted  # every accepted message, once
@@ -185,7 +197,7 @@ def test_a_udp_stream_stopped_mid_flight_with_loss_loses_nothing_offer_accepted(
     each sent only once a status message gave its credit, and cross a term's end."""
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
     receiver_window = 8 * 1024
-    sender = launch(**{**NETWORK_SETTINGS, "drain_timeout": "10s"})
+    sender = launch(**{**NETWORK_SETTINGS, "drain_timeout": f"{DRAIN_S}s"})
     receiver = launch(**NETWORK_SETTINGS, debug_receive_data_loss=50_000,  # 5 %
                       debug_receive_data_loss_seed=11)
     with Client.connect(sender.directory) as ca, Client.connect(receiver.directory) as cb:
@@ -210,7 +222,7 @@ def test_a_udp_stream_stopped_mid_flight_with_loss_loses_nothing_offer_accepted(
         subscriber.stop_polling.set()
         subscriber.join(5)
     assert code == 0
-    assert took < 8, f"the drain took {took:.1f} s: it should finish, not time out"
+    assert took < DRAIN_S, f"the drain took {took:.1f} s: it should finish, not time out"
     # NOT_CONNECTED between the two: the receiver answered the EOS and left.
     assert publisher.results_after_signal[0] == BACK_PRESSURED
     assert publisher.results_after_signal[-1] == CLOSED
@@ -264,7 +276,9 @@ def test_an_untethered_subscriber_is_owed_the_log_through_the_drivers_drain(laun
 
 
 def test_a_second_sigterm_stops_at_once(launch) -> None:
-    driver = launch(**{**FAST_DRIVER_SETTINGS, "drain_timeout": "60s"})
+    """Well before the drain_timeout (a minute) that a first SIGTERM alone would wait."""
+    drain_timeout_s = 60
+    driver = launch(**{**FAST_DRIVER_SETTINGS, "drain_timeout": f"{drain_timeout_s}s"})
     with Client.connect(driver.directory) as client:
         client.add_subscription("aeron:ipc", 40)  # never polled
         publication = client.add_publication("aeron:ipc", 40)
@@ -274,18 +288,22 @@ def test_a_second_sigterm_stops_at_once(launch) -> None:
         started = time.monotonic()
         driver.process.send_signal(signal.SIGTERM)
         with pytest.raises(RegistrationError, match="draining"):
-            wait_for(lambda: client.add_publication("aeron:ipc", 41) and False, timeout=1)
+            wait_for(lambda: client.add_publication("aeron:ipc", 41) and False,
+                     timeout=drain_timeout_s / 4)
         driver.process.send_signal(signal.SIGTERM)
-        code = driver.process.wait(10)
+        code = driver.process.wait(drain_timeout_s / 2)
     assert code == 0
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < drain_timeout_s / 2
 
 
 def test_a_hangup_drains_and_cleans_up_as_sigterm_does(launch) -> None:
     """A driver run in the foreground of a terminal that hangs up (an SSH session that drops)
     gets SIGHUP: it drains what its logs hold, exits 0 and removes its directory (Python's
-    default killed it, leaving its logs in /dev/shm)."""
-    driver = launch(**{**FAST_DRIVER_SETTINGS, "drain_timeout": "10s"})
+    default killed it, leaving its logs in /dev/shm).  Its SIGHUP starts at the default
+    whatever this process ignores (a driver started ignoring it keeps it ignored: below)."""
+    drain_timeout_s = 10.0
+    with children_take(signal.SIGHUP):
+        driver = launch(**{**FAST_DRIVER_SETTINGS, "drain_timeout": f"{drain_timeout_s:g}s"})
     with Client.connect(driver.directory) as client:
         subscription = client.add_subscription("aeron:ipc", 50)
         publication = client.add_publication("aeron:ipc", 50)
@@ -293,9 +311,13 @@ def test_a_hangup_drains_and_cleans_up_as_sigterm_does(launch) -> None:
         sent: list[bytes] = []
         while publication.offer(payload := struct.pack("<q", len(sent)) + bytes(92)) > 0:
             sent.append(payload)  # a window, unread
+        assert catches(driver.pid, signal.SIGHUP), "the driver does not watch SIGHUP"
         driver.process.send_signal(signal.SIGHUP)
+        # The drain shows (new registrations refused) well within its timeout, after which
+        # the driver would stop and nothing could be refused any more.
         with pytest.raises(RegistrationError, match="draining"):
-            wait_for(lambda: client.add_publication("aeron:ipc", 51) and False, timeout=1)
+            wait_for(lambda: client.add_publication("aeron:ipc", 51) and False,
+                     timeout=drain_timeout_s / 2)
         received: list[bytes] = []
         deadline = time.monotonic() + 10
         while driver.process.poll() is None:

@@ -116,7 +116,7 @@ def _sub_commands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argpar
 
 @pytest.mark.unit
 def test_every_sub_commands_help_says_what_it_does_and_shows_its_defaults() -> None:
-    from slipstream.daemon.cli import build_parser
+    from slipstream.cli import build_parser
 
     commands = dict(_sub_commands(build_parser()))
     assert {"driver", "stat", "metrics", "demo", "sim", "sim relay", "sim hosts"} <= set(commands)

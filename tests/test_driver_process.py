@@ -9,11 +9,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
-from helpers import process_state, wait_for
+from helpers import catches, children_take, process_state, wait_for
 
 from slipstream.client import Client
 from slipstream.client.counters import CountersFile
@@ -125,11 +126,12 @@ def test_a_launched_driver_whose_starter_dies_while_it_drains_drains_on(
             assert publication.offer(b"more") < 0
 
 
-_CTRL_C_STARTER = """
+_CTRL_C_DRAIN_S = 20
+_CTRL_C_STARTER = f"""
 import sys, time
 from slipstream.client import Client
 from slipstream.daemon.driver import MediaDriver
-with MediaDriver.launch(directory=sys.argv[1], drain_timeout="20s") as driver:
+with MediaDriver.launch(directory=sys.argv[1], drain_timeout="{_CTRL_C_DRAIN_S}s") as driver:
     client = Client.connect(driver.directory)
     subscription = client.add_subscription("aeron:ipc", 5)  # never reads: the drain waits
     assert client.add_publication("aeron:ipc", 5).offer(b"unread") > 0
@@ -141,21 +143,32 @@ with MediaDriver.launch(directory=sys.argv[1], drain_timeout="20s") as driver:
 def test_a_second_ctrl_c_stops_a_launched_driver_at_once(driver_dir: Path) -> None:
     """The first Ctrl-C drains it (its starter's stop()), the second stops it at once, as
     for a driver in the foreground.  In its own session it never sees the terminal's SIGINT:
-    the second came to nothing, and it drained on for its drain_timeout, alone."""
-    starter = subprocess.Popen([sys.executable, "-c", _CTRL_C_STARTER, str(driver_dir)],
-                               stdout=subprocess.PIPE, text=True)
+    the second came to nothing, and it drained on for its drain_timeout, alone.  The starter
+    takes SIGINT as a foreground program does, whatever this process ignores."""
+    with children_take(signal.SIGINT):
+        starter = subprocess.Popen([sys.executable, "-c", _CTRL_C_STARTER, str(driver_dir)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log: list[str] = []  # the starter's standard error: the driver's log passes through it
+    reader = threading.Thread(target=lambda: log.extend(starter.stderr), daemon=True)
+    reader.start()
     try:
         driver_pid = int(starter.stdout.readline())
+        assert catches(starter.pid, signal.SIGINT), "the starter does not take SIGINT"
         starter.send_signal(signal.SIGINT)  # the first: stop() sends SIGTERM, it drains
-        time.sleep(1.0)
+        wait_for(lambda: any("received SIGTERM: draining" in line for line in log),
+                 timeout=_CTRL_C_DRAIN_S / 2, what="the drain at the first Ctrl-C")
         assert process_state(driver_pid) not in ("Z", "X", ""), "it did not drain"
         starter.send_signal(signal.SIGINT)  # the second
-        wait_for(lambda: process_state(driver_pid) in ("Z", "X", ""), timeout=5,
+        # Alone it would drain on until its drain_timeout: it stops well before.
+        wait_for(lambda: process_state(driver_pid) in ("Z", "X", ""),
+                 timeout=_CTRL_C_DRAIN_S / 2,
                  what="the driver stopped at the second Ctrl-C")
     finally:
         if starter.poll() is None:
             starter.kill()
         starter.wait()
+        reader.join(5)
+        sys.stderr.writelines(log)
 
 
 def test_stop_when_stdin_closes_refuses_a_stdin_that_is_not_a_pipe(driver_dir: Path) -> None:

@@ -111,7 +111,7 @@ def test_delay_jitter_reordering_and_duplicates_through_the_relay(hosts) -> None
     relay_port = PORT + 1
     relay = subprocess.Popen(
         ["ip", "netns", "exec", hosts[1].namespace, sys.executable, "-m",
-         "slipstream.daemon.cli", "sim", "relay", "--listen",
+         "slipstream", "sim", "relay", "--listen",
          f"{hosts[1].address}:{relay_port}", "--forward", f"{hosts[2].address}:{PORT}",
          "--delay", "5", "--jitter", "3", "--reorder", "0.1", "--duplicate", "0.05",
          "--loss", "0.02", "--seed", "7"], stdout=subprocess.PIPE, text=True)

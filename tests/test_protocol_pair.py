@@ -50,8 +50,9 @@ from slipstream.client.logbuffer import LogBuffer, new_appender
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network_lib
 from slipstream.daemon.agents.commands import ClosePublication
-from slipstream.daemon.agents.receiver import ReceiveEndpoint, Receiver
-from slipstream.daemon.agents.sender import SendEndpoint, Sender
+from slipstream.daemon.agents.endpoints import ReceiveEndpoint, SendEndpoint
+from slipstream.daemon.agents.receiver import Receiver
+from slipstream.daemon.agents.sender import Sender
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow.congestion_control import CongestionControl
 from slipstream.daemon.flow.registry import CONGESTION_CONTROLS, flow_control_for

@@ -79,7 +79,7 @@ def messages(count: int) -> list[tuple[bytes, int]]:
 
 def held(holder: _Holder, image: Image) -> None:
     """The query's logs, as its planning thread gives them to its replay server."""
-    holder.logs = {(STREAM, image.session_id): (image.log_path, image.join_position, None)}
+    holder.holds.publish({(STREAM, image.session_id): (image.log_path, image.join_position, None)})
 
 
 def test_a_replayed_range_has_the_logs_messages_positions_and_reserved_values_under_loss(

@@ -459,7 +459,7 @@ def holder_and_reader() -> Iterator[TwoDrivers]:
             wait_for(lambda: keeper.images, what="the holder's image")
             image = keeper.images[0]
             holder = _Holder(str(directories[0]), "127.0.0.2", free_port())
-            holder.logs = {(STREAM, image.session_id): (image.log_path, 0, None)}
+            holder.holds.publish({(STREAM, image.session_id): (image.log_path, 0, None)})
             counters = CountersFile(directories[0] / "counters.dat")
             driver = driver_instance(counters)
             counters.close()

@@ -14,7 +14,9 @@ port of a real subscription.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
+import struct
 import time
 from pathlib import Path
 
@@ -23,8 +25,14 @@ from helpers import counters_of, free_port, wait_for
 
 from slipstream.client import ChannelError, ChannelRejectedError, ChannelWarning, Client, control
 from slipstream.client.channel import parse_channel
+from slipstream.client.counters import CountersFile, parse_position_label
 from slipstream.client.frames import Setup, decode
-from slipstream.client.logbuffer import compute_log_length
+from slipstream.client.layout import (
+    META_DEFAULT_FRAME_HEADER,
+    PARTITION_COUNT,
+    SESSION_ID_FIELD,
+)
+from slipstream.client.logbuffer import compute_log_length, term_length_of_file
 from slipstream.daemon.driver import MediaDriver
 from slipstream.daemon.reports.error_log import read_error_log
 
@@ -177,11 +185,39 @@ def test_one_source_host_takes_at_most_half_of_the_logs_being_made(launch) -> No
         assert 100 in {image.session_id for image in subscription.images}
 
 
+def _logs_not_attached(driver: MediaDriver) -> set[str]:
+    """The image log files of ``STREAM`` whose image the conductor has not attached (no
+    ``rcv-hwm`` counter of their session): logs being made, or made and not yet taken back.
+    A conductor that made a log itself attached its image in the same cycle."""
+    counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
+    try:
+        attached = {label.session_id for info in counters
+                    if (label := parse_position_label(info.label)) is not None
+                    and label.kind == "rcv-hwm" and label.stream_id == STREAM}
+    finally:
+        counters.close()
+    pending = set()
+    for path in image_logs(driver):
+        try:
+            with path.open("rb") as log_file:
+                # Its metadata is written first: the session, or zeros just before.
+                term_length = term_length_of_file(os.fstat(log_file.fileno()).st_size)
+                log_file.seek(PARTITION_COUNT * term_length + META_DEFAULT_FRAME_HEADER
+                              + SESSION_ID_FIELD)
+                [session_id] = struct.unpack("<i", log_file.read(4))
+        except FileNotFoundError:
+            continue
+        if session_id not in attached:
+            pending.add(path.name)
+    return pending
+
+
 def test_a_big_log_is_made_while_the_conductor_serves_clients(launch) -> None:
     """Three SETUPs of 128 MiB terms (the subscription allows them), logs allocated in full:
-    3 x 384 MiB written and mapped, about 0.3 s each here (made on the conductor's thread, one
-    cycle took them all).  Meanwhile the conductor's cycles stay short (its heartbeat is
-    beaten every cycle) and a client's commands are answered."""
+    3 x 384 MiB written and mapped, off the conductor's thread.  Meanwhile a client's
+    commands are answered: some while a log was seen unattached before and after them,
+    which a conductor that made the logs itself (attaching each in the cycle that made it)
+    could not do, however fast or loaded the machine."""
     driver = launch(**SLOW_LIVENESS)
     port = free_port()
     # The commands come from a client of their own: the subscriber's client maps each
@@ -194,21 +230,21 @@ def test_a_big_log_is_made_while_the_conductor_serves_clients(launch) -> None:
         started = time.monotonic()
         send_setups(port, range(1, 4), 128 * MIB)
         answers: list[float] = []
+        answered_while_made = 0
         while not (len(subscription.images) == 3 and len(image_logs(driver)) == 3):
+            making = _logs_not_attached(driver)
             asked = time.monotonic()
             client.add_publication("aeron:ipc?term-length=64k", 7).close()
             answers.append(time.monotonic() - asked)
+            answered_while_made += bool(making & _logs_not_attached(driver))
             assert time.monotonic() - started < 60, "the images never came"
         made_s = time.monotonic() - started
         worst_cycle_ns = counters_of(driver)["CONDUCTOR_MAX_CYCLE_TIME_NS"]
         print(f"3 logs of 384 MiB made in {made_s:.2f} s; {len(answers)} commands answered "
-              f"meanwhile, slowest {max(answers) * 1e3:.1f} ms; conductor's longest cycle "
+              f"meanwhile ({answered_while_made} while a log was made), slowest "
+              f"{max(answers) * 1e3:.1f} ms; conductor's longest cycle "
               f"{worst_cycle_ns / 1e6:.1f} ms (before: {before / 1e6:.1f} ms)")
-        # Made on the conductor's thread, the three took one cycle of about made_s.
-        assert made_s > 0.5, "the logs were made too fast to show anything"
-        assert len(answers) >= 3
-        assert max(answers) < 0.5  # a 2-core machine shared with other work
-        assert worst_cycle_ns < 250_000_000
+        assert answered_while_made >= 1, "no command was answered while a log was made"
 
 
 def test_a_log_whose_subscription_went_while_it_was_made_is_freed(launch) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from slipstream.daemon.cli import main
+from slipstream.cli import main
 from slipstream.sim.network import LinkFaults
 from slipstream.sim.report import JSON_KEYS, Report
 from slipstream.sim.runner import run_scenario
@@ -369,7 +369,7 @@ def test_a_run_ended_by_sigterm_removes_its_directory(tmp_path: Path) -> None:
     import sys
     import time
 
-    run = subprocess.Popen([sys.executable, "-m", "slipstream.daemon.cli", "sim",
+    run = subprocess.Popen([sys.executable, "-m", "slipstream", "sim",
                             "--scenario", "examples/scenarios/paused_subscriber.toml"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                            cwd=Path(__file__).parent.parent)

@@ -203,6 +203,57 @@ def test_a_workers_cached_client_cut_off_by_a_driver_restart_is_closed_not_leake
         runtime.close_all()
 
 
+def test_a_forked_worker_makes_its_own_client_though_a_thread_held_the_cache(
+        driver_dir: Path) -> None:
+    """Spark forks its Python workers: a child finds none of the parent's cached clients
+    (their thread and socket are the parent's), makes and uses its own, and takes the
+    cache's lock though a thread of the parent held it at the fork; the parent's client
+    stays cached and open."""
+    import os
+
+    from slipstream.spark_bridge import runtime
+
+    with MediaDriver.launch(directory=driver_dir):
+        try:
+            parent_client = runtime.client_for(str(driver_dir))
+            holding, fork_done = threading.Event(), threading.Event()
+
+            def hold_the_cache() -> None:
+                with runtime._clients.entries():
+                    holding.set()
+                    fork_done.wait(10)
+
+            holder = threading.Thread(target=hold_the_cache)
+            holder.start()
+            assert holding.wait(10)
+            read_end, write_end = os.pipe()
+            child = os.fork()
+            if child == 0:
+                status = 1
+                try:
+                    client = runtime.client_for(str(driver_dir))
+                    publication = runtime.publication_for(str(driver_dir), "aeron:ipc", 33)
+                    fresh = client is not parent_client and not client.is_closed
+                    os.write(write_end, b"ok" if fresh and
+                             publication.offer(b"from the child") != -4 else b"no")
+                    status = 0
+                finally:
+                    os._exit(status)
+            fork_done.set()
+            holder.join()
+            os.close(write_end)
+            try:
+                _, status = os.waitpid(child, 0)
+                assert os.waitstatus_to_exitcode(status) == 0
+                assert os.read(read_end, 2) == b"ok"
+            finally:
+                os.close(read_end)
+            assert runtime.client_for(str(driver_dir)) is parent_client
+            assert not parent_client.is_closed
+        finally:
+            runtime.close_all()
+
+
 def test_rows_written_by_spark_are_read_by_a_client(spark) -> None:
     """Batch write: every row's value (string here) is one message, none lost or doubled
     (1.28 MB through 32 KiB windows of 64 KiB terms: 39 windows, 19 term rotations), stamped

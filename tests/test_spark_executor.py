@@ -54,7 +54,7 @@ class Hosts:
         wait_for(lambda: self.keeper.images, what="the holder's image")
         self.image = self.keeper.images[0]
         self.server = planning._Holder(str(holder_dir), "127.0.0.2", PORT)
-        self.server.logs = {(STREAM, self.image.session_id): (self.image.log_path, 0, None)}
+        self.server.holds.publish({(STREAM, self.image.session_id): (self.image.log_path, 0, None)})
         counters = CountersFile(holder_dir / "counters.dat")
         self.driver = driver_instance(counters)
         counters.close()
@@ -228,13 +228,13 @@ def test_the_querys_holder_unmaps_a_replayed_log_once_its_session_ended(
     end = hosts.image.available_position()
     holder = planning._Holder(str(hosts.holder_dir), "127.0.0.2", free_port())
     try:
-        holder.logs = {(hosts.image.stream_id, hosts.image.session_id):
-                       (hosts.image.log_path, 0, None)}
+        holder.holds.publish({(hosts.image.stream_id, hosts.image.session_id):
+                              (hosts.image.log_path, 0, None)})
         gone = hosts.partition(hosts.executor_dir, 0, end)
         gone.holder = holder.address
         assert len(rows(gone)) == 20
         assert holder.holds.mapped == [hosts.image.log_path]
-        holder.logs = {}  # the planning thread saw the session's image go
+        holder.holds.publish({})  # the planning thread saw the session's image go
         wait_for(lambda: not holder.holds.mapped, timeout=5,
                  what="the ended session's log unmapped")
     finally:

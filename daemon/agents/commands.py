@@ -23,11 +23,10 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import attrs
 
 from slipstream.client.channel import Channel
+from slipstream.daemon.agents.endpoints import ReceiveEndpoint, SendEndpoint
 from slipstream.daemon.protocol.types import Address
 
 if TYPE_CHECKING:
-    from slipstream.daemon.agents.receiver import ReceiveEndpoint
-    from slipstream.daemon.agents.sender import SendEndpoint
     from slipstream.daemon.media.events import ImageRequested
     from slipstream.daemon.media.receive_channel import ReceiveChannel
     from slipstream.daemon.media.send_channel import SendChannel

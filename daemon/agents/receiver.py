@@ -21,9 +21,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Protocol
-
-import attrs
 
 from slipstream.client.layout import NO_DEADLINE
 from slipstream.daemon.agents.agent import Agent
@@ -42,49 +39,15 @@ from slipstream.daemon.agents.commands import (
     SetPressureStep,
     SetResponseSession,
 )
+from slipstream.daemon.agents.endpoints import ReceiveEndpoint
 from slipstream.daemon.media.events import (
     EndpointRemoved,
     ReceiveDestinationFailed,
     ReceiverEvent,
 )
-from slipstream.daemon.media.receive_channel import ReceiveChannel
 from slipstream.daemon.pressure.governor import STATUS_INTERVAL_FACTOR
-from slipstream.daemon.protocol.types import Datagram
 
 log = logging.getLogger("slipstream.driver")
-
-
-class ReceiveTransport(Protocol):
-    """How a receive endpoint meets its network: a UDP socket (``daemon/media/udp.py``) or the
-    simulator's virtual network."""
-
-    def attach_channel(self, channel: ReceiveChannel) -> None:
-        """Give ``channel``'s C receiver this transport's socket and receive buffers (fd -1:
-        none, the datagrams come through :meth:`receive`)."""
-        ...
-
-    def receive(self, channel: ReceiveChannel, now_ns: int) -> int:
-        """Hand every waiting datagram to ``channel`` (a transport without a socket); returns
-        how many there were."""
-        ...
-
-    def dispatch(self, channel: ReceiveChannel, now_ns: int) -> int:
-        """Hand the datagrams the C half left for Python to ``channel``; returns how many."""
-        ...
-
-    def send(self, datagrams: list[Datagram]) -> None:
-        """Send control frames (SMs, NAKs, ...) now."""
-        ...
-
-    def close(self) -> None: ...
-
-
-@attrs.define(eq=False)
-class ReceiveEndpoint:
-    """A receive channel and the transport it receives through."""
-
-    channel: ReceiveChannel
-    transport: ReceiveTransport
 
 
 class Receiver(Agent[ReceiveEndpoint, ReceiverCommand]):

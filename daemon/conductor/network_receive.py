@@ -34,13 +34,15 @@ from slipstream.client.logbuffer import LogBuffer, compute_log_length, term_coun
 from slipstream.client.notices import SourceNotices
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.agents.commands import ReceiverProxy, RemovedDestination
-from slipstream.daemon.agents.receiver import ReceiveEndpoint
+from slipstream.daemon.agents.endpoints import ReceiveEndpoint
 from slipstream.daemon.conductor import messages
 from slipstream.daemon.conductor.image_logs import ImageLogMaker, LogJob, LogMaking
 from slipstream.daemon.conductor.messages import ClientMessage, Outgoing
 from slipstream.daemon.conductor.network_records import (
     NetworkSubscription,
     NetworkTransports,
+    _allocate_subscriber_position,
+    _close_endpoint,
     _EndpointState,
     _ImageEntry,
     _is_removed_by,
@@ -636,12 +638,8 @@ class ReceiveSide:
         from ``now_ns``), and the AVAILABLE_IMAGE.  ``handed_over``: the receiver has the
         image (ask it to add the position); else the image is still this thread's."""
         image = image_entry.image
-        counter_id = self.counters.allocate(
-            CounterType.SUBSCRIBER_POSITION,
-            f"sub-pos: {subscription.channel} stream={image.stream_id} "
-            f"session={image.session_id} sub={subscription.registration_id}",
-            registration_id=subscription.registration_id, session_id=image.session_id,
-            stream_id=image.stream_id, owner_id=subscription.client_id, initial_value=position)
+        counter_id = _allocate_subscriber_position(self.counters, subscription, image.stream_id,
+                                                   image.session_id, position)
         cell = self.counters.address(counter_id)
         tether = tether_for(subscription.channel, self.settings, now_ns)
         image_entry.links.append(TetherablePosition(subscription, counter_id, cell, tether))
@@ -776,11 +774,7 @@ class ReceiveSide:
         entry = self._entry_of(event.channel)
         if entry is None or not _is_removed_by(entry, event):
             return
-        entry.endpoint.transport.close()
-        self._receive_endpoints.pop(entry.key, None)
-        self.names.unwatch(entry)
-        if entry.destinations_counter_id is not None:
-            self.counters.free(entry.destinations_counter_id)
+        _close_endpoint(entry, self._receive_endpoints, self.names, self.counters)
         self._closed_receiver_ids[entry.endpoint.channel.receiver_id] = None
         while len(self._closed_receiver_ids) > RECEIVER_IDS_KEPT:
             del self._closed_receiver_ids[next(iter(self._closed_receiver_ids))]

@@ -24,10 +24,15 @@ from typing import Any, Protocol
 import attrs
 
 from slipstream.client.channel import Channel
+from slipstream.client.counters import CountersFile, CounterType
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.daemon.agents.commands import RemovedDestination
-from slipstream.daemon.agents.receiver import ReceiveEndpoint, ReceiveTransport
-from slipstream.daemon.agents.sender import SendEndpoint, SendTransport
+from slipstream.daemon.agents.endpoints import (
+    ReceiveEndpoint,
+    ReceiveTransport,
+    SendEndpoint,
+    SendTransport,
+)
 from slipstream.daemon.conductor.resources import StreamInterest
 from slipstream.daemon.media import interfaces, names
 from slipstream.daemon.media.events import EndpointRemoved
@@ -207,6 +212,30 @@ def _is_removed_by(entry: _SendEndpointEntry | _ReceiveEndpointEntry,
     """Whether ``event`` ends ``entry``: it is still CLOSING in the generation the event
     names, not revived by a new user since."""
     return entry.state is _EndpointState.CLOSING and entry.generation == event.generation
+
+
+def _close_endpoint(entry: _SendEndpointEntry | _ReceiveEndpointEntry,
+                    endpoints: dict[tuple[Any, ...], Any], name_watch: names.NameWatch[Any],
+                    counters: CountersFile) -> None:
+    """The agent dropped ``entry``'s endpoint: its socket closes, it leaves ``endpoints``
+    (its side's, by key) and ``name_watch``, and its mds-destinations counter is freed."""
+    entry.endpoint.transport.close()
+    endpoints.pop(entry.key, None)
+    name_watch.unwatch(entry)
+    if entry.destinations_counter_id is not None:
+        counters.free(entry.destinations_counter_id)
+
+
+def _allocate_subscriber_position(counters: CountersFile, subscription: NetworkSubscription,
+                                  stream_id: int, session_id: int, position: int) -> int:
+    """The sub-pos counter of ``subscription`` on the stream's session ``session_id``,
+    reading ``position`` (bytes); its id.  CountersFullError if the file has no room."""
+    return counters.allocate(
+        CounterType.SUBSCRIBER_POSITION,
+        f"sub-pos: {subscription.channel} stream={stream_id} "
+        f"session={session_id} sub={subscription.registration_id}",
+        registration_id=subscription.registration_id, session_id=session_id,
+        stream_id=stream_id, owner_id=subscription.client_id, initial_value=position)
 
 
 def _resolved(channel: Channel, name_cache: names.NameCache,

@@ -39,12 +39,13 @@ from slipstream.client.errors import ChannelError
 from slipstream.client.layout import SEALED_MTU_MAX, SEALED_OVERHEAD
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.daemon.agents.commands import ReceiverProxy, SenderProxy
-from slipstream.daemon.agents.sender import SendEndpoint
+from slipstream.daemon.agents.endpoints import SendEndpoint
 from slipstream.daemon.conductor.image_logs import ImageLogMaker
 from slipstream.daemon.conductor.messages import Outgoing
 from slipstream.daemon.conductor.network_records import (
     NetworkSubscription,
     NetworkTransports,
+    _close_endpoint,
     _EndpointState,
     _ImageEntry,
     _is_removed_by,
@@ -513,11 +514,7 @@ class SendSide:
                       if e.endpoint.channel is event.channel), None)
         if entry is None or not _is_removed_by(entry, event):
             return
-        entry.endpoint.transport.close()
-        self._send_endpoints.pop(entry.key, None)
-        self.names.unwatch(entry)
-        if entry.destinations_counter_id is not None:
-            self.counters.free(entry.destinations_counter_id)
+        _close_endpoint(entry, self._send_endpoints, self.names, self.counters)
 
     # -- response channels (docs/CHANNELS.md §7.6) -------------------------------------------
     def _check_response_keys(self, channel: Channel) -> _ImageEntry | None:

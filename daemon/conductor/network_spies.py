@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 
 from slipstream.client._native import lib as native
-from slipstream.client.counters import CountersFile, CountersFullError, CounterType, SystemCounter
+from slipstream.client.counters import CountersFile, CountersFullError, SystemCounter
 from slipstream.client.layout import NO_DEADLINE
 from slipstream.daemon.agents.commands import SenderProxy
 from slipstream.daemon.conductor import messages
@@ -25,6 +25,7 @@ from slipstream.daemon.conductor.messages import ClientMessage, Outgoing
 from slipstream.daemon.conductor.network_records import (
     NetworkSubscription,
     NetworkTransports,
+    _allocate_subscriber_position,
     _PublicationEntry,
     _resolved,
 )
@@ -142,12 +143,8 @@ class SpySubscriptions:
         publication = entry.publication
         join = self._hold_for_spy(entry)
         try:
-            counter_id = self.counters.allocate(
-                CounterType.SUBSCRIBER_POSITION,
-                f"sub-pos: {spy.channel} stream={publication.stream_id} "
-                f"session={publication.session_id} sub={spy.registration_id}",
-                registration_id=spy.registration_id, session_id=publication.session_id,
-                stream_id=publication.stream_id, owner_id=spy.client_id, initial_value=join)
+            counter_id = _allocate_subscriber_position(self.counters, spy, publication.stream_id,
+                                                       publication.session_id, join)
         except CountersFullError:
             self._release_join(entry)  # no link after all: its hold goes
             raise

@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Generic
+from typing import Any, Generic, Protocol
 
 import attrs
 
@@ -47,11 +47,30 @@ from slipstream.daemon.streams.tether import (
     untethered_window_end,
 )
 
-if TYPE_CHECKING:
-    from slipstream.daemon.conductor.network_receive import ReceiveSide
-    from slipstream.daemon.conductor.network_spies import SpySubscriptions
-
 log = logging.getLogger(__name__)
+
+
+class ImageLinks(Protocol):
+    """What the check asks of the part that owns the links of subscriptions to images (the
+    receive side, :class:`~slipstream.daemon.conductor.network_receive.ReceiveSide`)."""
+
+    def link(self, image_entry: _ImageEntry, subscription: NetworkSubscription,
+             position: int, now_ns: int, *, handed_over: bool) -> ClientMessage: ...
+
+    def unlink(self, image_entry: _ImageEntry,
+               link: TetherablePosition[NetworkSubscription]) -> None: ...
+
+
+class SpyLinks(Protocol):
+    """What the check asks of the part that owns the spies' links to publications
+    (:class:`~slipstream.daemon.conductor.network_spies.SpySubscriptions`)."""
+
+    def link_spy(self, entry: _PublicationEntry, spy: NetworkSubscription,
+                 now_ns: int) -> ClientMessage: ...
+
+    def unlink_spy(self, entry: _PublicationEntry,
+                   link: TetherablePosition[NetworkSubscription], *,
+                   tell: bool = False) -> Outgoing: ...
 
 
 @attrs.frozen(eq=False)
@@ -145,7 +164,7 @@ class NetworkUntethered:
     def __init__(self, *, counters: CountersFile, publications: dict[int, _PublicationEntry],
                  receive_endpoints: dict[tuple[Any, ...], _ReceiveEndpointEntry],
                  subscriptions: dict[int, NetworkSubscription],
-                 spy_subscriptions: SpySubscriptions, receive_side: ReceiveSide) -> None:
+                 spy_subscriptions: SpyLinks, receive_side: ImageLinks) -> None:
         self.counters = counters
         self.publications = publications
         self._receive_endpoints = receive_endpoints

@@ -38,8 +38,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -49,9 +47,6 @@ from typing import Any, Final
 import attrs
 
 from slipstream.client import control
-from slipstream.client.errors import DriverError
-from slipstream.daemon import driver as driver_module
-from slipstream.daemon.config import load_settings
 from slipstream.daemon.driver import MediaDriver
 
 #: Namespaces of these hosts are ``ssh-<creator pid>-<run>-<i>`` (and ``...-br``); their veths
@@ -186,21 +181,6 @@ class Host:
         return Path(f"/proc/{self.holder.pid}/root") / Path(path).relative_to("/")
 
 
-class HostDriver(MediaDriver):
-    """A driver inside an isolated host (:meth:`NamespaceHosts.start_driver`): ``directory``
-    is its path inside the host, what a client run there connects to; ``view`` the same
-    directory from this process (:meth:`Host.outside`), to read its files, e.g.
-    ``read_system_counters(driver.view)``.  Stopped and killed as any :class:`MediaDriver`."""
-
-    def __init__(self, directory: Path, process: subprocess.Popen[bytes],
-                 drain_timeout_s: float, view: Path) -> None:
-        super().__init__(directory, process, drain_timeout_s)
-        self.view = view
-
-    def _files(self) -> Path:
-        return self.view  # the directory itself is not visible from here
-
-
 class NamespaceHosts:
     """``count`` hosts on a bridge; see the module docstring."""
 
@@ -314,57 +294,30 @@ class NamespaceHosts:
 
     # -- drivers ---------------------------------------------------------------------------
     def start_driver(self, index: int, directory: str | Path | None = None,
-                     **settings: Any) -> Any:
+                     **settings: Any) -> MediaDriver:
         """A slipstream driver inside host ``index`` (a :class:`MediaDriver`, stopped by
         :meth:`close` if not before, which also removes what a crashed driver left in a
         directory named here; a ``directory`` the caller gives is never removed).
 
-        On isolated hosts a :class:`HostDriver` whose ``directory`` (default: the default
-        driver directory, ``/dev/shm/slipstream-<user>``, where ``Client.connect()`` looks
-        when ``$SLIPSTREAM_DIR`` is unset) is in the host's own /dev/shm: clients must run
-        inside the host; a second driver on the same host needs a ``directory`` of its own.
-        Its files go with the host's tmpfs at :meth:`close`."""
+        On an isolated host its ``directory`` (default: the default driver directory,
+        ``/dev/shm/slipstream-<user>``, where ``Client.connect()`` looks when
+        ``$SLIPSTREAM_DIR`` is unset) is in the host's own /dev/shm: clients must run inside
+        the host, and this process reads its files through :attr:`MediaDriver.view`
+        (:meth:`Host.outside`), e.g. ``read_system_counters(driver.view)``; a second driver
+        on the same host needs a ``directory`` of its own.  Its files go with the host's
+        tmpfs at :meth:`close`."""
+        host = self[index]
         if self.isolated:
-            return self._start_isolated_driver(self[index], directory, settings)
+            path = Path(directory) if directory is not None else \
+                control.default_driver_directory()
+            driver = MediaDriver.start(path, settings, prefix=host.prefix(),
+                                       view=host.outside(path))
+            self._drivers.append((driver, False))  # its files go with the host's /dev/shm
+            return driver
         path = Path(directory) if directory is not None else (
-            Path("/dev/shm") / f"slipstream-{self[index].namespace}-{uuid.uuid4().hex[:4]}")
-        driver = MediaDriver.start(path, settings, netns=self[index].namespace)
+            Path("/dev/shm") / f"slipstream-{host.namespace}-{uuid.uuid4().hex[:4]}")
+        driver = MediaDriver.start(path, settings, prefix=host.prefix())
         self._drivers.append((driver, directory is None))
-        return driver
-
-    def _start_isolated_driver(self, host: Host, directory: str | Path | None,
-                               settings: Mapping[str, Any], *,
-                               startup_timeout: float = 20.0) -> HostDriver:
-        # MediaDriver.start's child, run through the host's nsenter prefix, and its readiness
-        # read through the holder's root.
-        path = Path(directory) if directory is not None else control.default_driver_directory()
-        drain_timeout_s = load_settings(env={}, overrides=dict(settings)).drain_timeout / 1e9
-        args = [*host.prefix(), sys.executable, "-m", "slipstream.daemon.cli", "driver",
-                "--dir", str(path), "--stop-when-stdin-closes"]
-        for key, value in settings.items():
-            if isinstance(value, bool):
-                value = "true" if value else "false"
-            args += ["--set", f"{key}={value}"]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SLIPSTREAM_")}
-        process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.PIPE, env=env, start_new_session=True)
-        driver = HostDriver(path, process, drain_timeout_s, host.outside(path))
-        # As MediaDriver.start's: a child this process forks closes its copy of the stdin
-        # pipe, so the driver still goes with this process.
-        driver_module._LAUNCHED.add(driver)
-        self._drivers.append((driver, False))  # its files go with the host's /dev/shm
-        deadline = time.monotonic() + startup_timeout
-        while not driver._ready():
-            if process.poll() is not None:
-                err = process.stderr.read().decode(errors="replace") if process.stderr else ""
-                raise DriverError(f"the driver in host {host.index} exited with "
-                                  f"{process.returncode}: {err.strip()}")
-            if time.monotonic() > deadline:
-                driver.stop(timeout=2.0)
-                raise DriverError(f"the driver in host {host.index} did not start within "
-                                  f"{startup_timeout} s in {path}")
-            time.sleep(0.01)
-        threading.Thread(target=driver._drain_stderr, daemon=True).start()
         return driver
 
     # -- faults ----------------------------------------------------------------------------
