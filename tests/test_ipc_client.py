@@ -93,7 +93,8 @@ def test_a_loop_that_retries_at_once_parks_after_the_clients_spins(
         subscription = client.add_subscription(CHANNEL, 1020)  # nobody publishes: nothing
         message = bytes(32)
         loops = {
-            "offer": (lambda: publication.offer(message), lambda: publication.offer.yields),
+            "offer": (lambda: publication.offer(message),
+                      lambda: publication.offer.__self__.yields),
             "offer_batch": (lambda: publication.offer_batch(message, [32]),
                             lambda: publication._batch_idle.waits),
             "poll": (lambda: subscription.poll(lambda d, h: None, 10),
@@ -110,12 +111,12 @@ def test_a_loop_that_retries_at_once_parks_after_the_clients_spins(
         peer = client.add_subscription(CHANNEL, 1019)
         wait_for(lambda: publication.is_connected, timeout=5, what="connected")
         assert publication.offer(message) > 0
-        waited = publication.offer.yields
+        waited = publication.offer.__self__.yields
         while publication.offer(message) > 0:  # the window fills: back-pressured from here
             pass
         for _ in range(15):
             publication.offer(message)
-        after_credit = publication.offer.yields - waited
+        after_credit = publication.offer.__self__.yields - waited
         peer.close()
     assert after_credit == 0
     if spins is None:
@@ -204,7 +205,7 @@ def test_a_parked_loop_wakes_when_its_credit_or_data_comes(
 
         offerer = threading.Thread(target=offer_loop)
         offerer.start()
-        wait_for(lambda: publication.offer.yields > 0, what="the offer loop parked")
+        wait_for(lambda: publication.offer.__self__.yields > 0, what="the offer loop parked")
         time.sleep(0.1)
         woken = time.monotonic()
         drained = 0
