@@ -354,11 +354,27 @@ static PyObject *fast_set_errors(PyObject *module, PyObject *const *args, Py_ssi
     Py_RETURN_NONE;
 }
 
-/* One message to the handler: the slice of the term and the header pointed at it.  What the
- * handler returned (a new reference), or NULL with the exception set. */
+/* The handler's arguments, (data, header): one tuple serves a dispatch's messages, so that a
+ * call allocates none (the limited API of 3.11 has no vectorcall; PyObject_Call passes a
+ * tuple's items to the handler's vectorcall as they are).  A new one, with `header` in place;
+ * NULL with the exception set. */
+static PyObject *handler_arguments(PyObject *header) {
+    PyObject *arguments = PyTuple_New(2);
+    if (arguments != NULL && PyTuple_SetItem(arguments, 1, Py_NewRef(header)) < 0) {
+        Py_DECREF(arguments);
+        return NULL;
+    }
+    return arguments;
+}
+
+/* One message to the handler: the slice of the term and the header pointed at it, through
+ * `*arguments` (handler_arguments; replaced by a new one when the handler kept a reference to
+ * it, since a tuple others hold cannot change).  What the handler returned (a new reference),
+ * or NULL with the exception set. */
 static inline __attribute__((always_inline)) PyObject *deliver(PyObject *handler,
                                                               PyObject *header, PyObject *term,
-                                                              int32_t start, int32_t end) {
+                                                              int32_t start, int32_t end,
+                                                              PyObject **arguments) {
     /* A slice of the term's memoryview: it pins the mapping for as long as anyone holds it,
      * so a handler that keeps a view by mistake reads stale data, never freed memory. */
     PyObject *data = PySequence_GetSlice(term, start, end);
@@ -370,10 +386,17 @@ static inline __attribute__((always_inline)) PyObject *deliver(PyObject *handler
         return NULL;
     }
     Py_DECREF(payload);
-    /* CPython passes these on its stack to the handler's vectorcall: no tuple is made. */
-    PyObject *result = PyObject_CallFunctionObjArgs(handler, data, header, NULL);
-    Py_DECREF(data);
-    return result;
+    if (Py_REFCNT(*arguments) != 1) {
+        Py_DECREF(*arguments);
+        *arguments = handler_arguments(header);
+        if (*arguments == NULL) {
+            Py_DECREF(data);
+            return NULL;
+        }
+    }
+    /* The tuple takes data, and lets the previous message's go. */
+    if (PyTuple_SetItem(*arguments, 0, data) < 0) return NULL;
+    return PyObject_Call(handler, *arguments, NULL);
 }
 
 static PyObject *fast_dispatch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -388,15 +411,19 @@ static PyObject *fast_dispatch(PyObject *module, PyObject *const *args, Py_ssize
     const int32_t *ends = (const int32_t *)PyLong_AsVoidPtr(args[4]);
     Py_ssize_t count = PyLong_AsSsize_t(args[5]);
     if (PyErr_Occurred()) return NULL;
+    PyObject *arguments = handler_arguments(header);
+    if (arguments == NULL) return NULL;
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *result = deliver(handler, header, term, starts[i], ends[i]);
+        PyObject *result = deliver(handler, header, term, starts[i], ends[i], &arguments);
         if (result == NULL) {
             /* The caller reads the index of the message that failed (it counts as consumed). */
             SET_REFERENCE(failed_index, PyLong_FromSsize_t(i));
+            Py_XDECREF(arguments);
             return NULL;
         }
         Py_DECREF(result);
     }
+    Py_DECREF(arguments);
     return PyLong_FromSsize_t(count);
 }
 
@@ -418,20 +445,26 @@ static PyObject *fast_controlled_dispatch(PyObject *module, PyObject *const *arg
      * included: re-read before each message, since each handler call may have set it. */
     const volatile uint8_t *gone = (const volatile uint8_t *)PyLong_AsVoidPtr(args[8]);
     if (PyErr_Occurred()) return NULL;
-    for (Py_ssize_t i = first; i < count; i++) {
-        if (*gone) return Py_BuildValue("(nO)", i, go_on); /* read no further */
-        PyObject *result = deliver(handler, header, term, starts[i], ends[i]);
+    PyObject *arguments = handler_arguments(header);
+    if (arguments == NULL) return NULL;
+    Py_ssize_t i = first;
+    PyObject *result = go_on, *outcome;
+    for (; i < count && !*gone; i++) { /* read no further once gone */
+        result = deliver(handler, header, term, starts[i], ends[i], &arguments);
         if (result == NULL) {
             SET_REFERENCE(failed_index, PyLong_FromSsize_t(i)); /* as dispatch */
+            Py_XDECREF(arguments);
             return NULL;
         }
-        if (result == go_on) {
-            Py_DECREF(result);
-            continue;
-        }
-        return Py_BuildValue("(nN)", i, result); /* N: the tuple takes the reference */
+        if (result != go_on) break;
+        Py_DECREF(result);
     }
-    return Py_BuildValue("(nO)", count, go_on);
+    Py_DECREF(arguments);
+    if (i < count && result != go_on) /* N: the tuple takes the reference */
+        outcome = Py_BuildValue("(nN)", i, result);
+    else
+        outcome = Py_BuildValue("(nO)", i, go_on);
+    return outcome;
 }
 
 static PyObject *fast_payload_buffer(PyObject *module, PyObject *const *args,
