@@ -447,3 +447,28 @@ def test_a_forked_child_may_not_use_its_parents_client_and_its_close_does_nothin
         assert reader.read() == b"UsageError" and status == 0
     subscription = client.add_subscription("aeron:ipc", 63)  # the parent's client still works
     wait_for(lambda: publication.is_connected and subscription.is_connected, what="connected")
+
+
+def test_a_handler_that_keeps_its_arguments_keeps_each_messages_own(client: Client) -> None:
+    """The C dispatch passes (data, header) in one tuple that it reuses for the next message;
+    a handler that keeps that very tuple (an exception type stores it as ``args``) makes it
+    take a new one, so every kept pair holds its own message, and the header is the image's
+    one flyweight."""
+    kept: list[Kept] = []
+
+    class Kept(Exception):
+        def __init__(self, *args: object) -> None:
+            kept.append(self)
+
+    publication = client.add_publication(CHANNEL, 1040)
+    subscription = client.add_subscription(CHANNEL, 1040)
+    wait_for(lambda: publication.is_connected and subscription.images, what="connected")
+    messages = [f"message {i}".encode() for i in range(25)]
+    for message in messages:
+        offer_until(publication, message)
+    read = 0
+    while read < len(messages):
+        read += subscription.poll(Kept, 10)
+    assert [bytes(k.args[0]) for k in kept] == messages
+    assert len({id(k.args) for k in kept}) == len(messages)
+    assert {id(k.args[1]) for k in kept} == {id(kept[0].args[1])}
