@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 DIR    ?=
 
 .PHONY: run test test-fast test-lane install install-service java aeron tools containers image \
-        wheel lint bench clean
+        wheel lint bench clean config
 
 install: $(STAMP)
 
@@ -22,6 +22,13 @@ $(STAMP): pyproject.toml setup.py $(wildcard client/*.c client/*.h daemon/*.c da
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test,bench,sim,spark]'
 	@touch $(STAMP)
+
+# The shipped settings files, generated from their tables (daemon/config.py, archive/settings.py);
+# tests/test_config.py and tests/test_archive_units.py fail while either is stale.
+config: install
+	$(BIN)/python -m slipstream.daemon.config > config/driver.toml
+	$(BIN)/python -c 'import sys; from slipstream.archive.settings import render_default_config; \
+	    sys.stdout.write(render_default_config())' > config/archive.toml
 
 # The wheel that installs with no compiler (README, "Install"; docs/OPERATIONS.md): the sdist,
 # the wheel from it, repaired by auditwheel into a manylinux one (OpenSSL's libcrypto inside),

@@ -1,6 +1,7 @@
 """``slipstream-archive``: the archive service and its operator's commands.
 
-    slipstream-archive run --config FILE      record the configured streams until SIGTERM
+    slipstream-archive run [--config FILE] [--dir DIR] [--set KEY=VALUE ...] [--print-config]
+                                               record the configured streams until SIGTERM
     slipstream-archive list [--dir DIR | --config FILE]
     slipstream-archive describe ID [...]       (list and describe: live positions too)
     slipstream-archive replay ID [--channel URI --stream N] [--from POS | --from-time ISO]
@@ -12,6 +13,10 @@
 
 Exit status: 0 done; 1 a failure named on stderr (verify: a problem found); 2 bad usage or
 settings.
+
+Every command reads the settings as the service does: defaults < ``--config`` file <
+``SLIPSTREAM_ARCHIVE_<KEY>`` environment < ``run``'s ``--dir`` and ``--set`` (config/archive.toml
+documents every key).
 """
 
 from __future__ import annotations
@@ -42,7 +47,10 @@ from slipstream.archive.service import ArchiveService, lock_directory
 from slipstream.archive.settings import (
     ArchiveSettings,
     ArchiveSettingsError,
+    add_arguments,
+    format_settings,
     load_settings,
+    load_settings_from_args,
     parse_peer,
 )
 from slipstream.client import Client
@@ -57,8 +65,7 @@ def _parser() -> argparse.ArgumentParser:
                                      "recorded to segment files (docs/ARCHIVE.md)")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="record the streams of the settings until SIGTERM")
-    run.add_argument("--config", required=True, type=Path, help="the settings (TOML; "
-                     "config/archive.toml documents every key)")
+    add_arguments(run)
     for name, text in (("list", "the recordings of the catalog"),
                        ("describe", "every field of one recording"),
                        ("verify", "scan the segments of one recording (or all) for torn or "
@@ -105,11 +112,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _directory(args: argparse.Namespace) -> Path:
-    if args.dir is not None:
-        return args.dir
-    if args.config is not None:
-        return load_settings(args.config).dir
-    return ArchiveSettings().dir
+    return args.dir if args.dir is not None else _settings(args).dir
 
 
 def _time(ms: int) -> str:
@@ -147,8 +150,7 @@ def _open_catalog(directory: Path, *, writable: bool = False) -> Catalog:
 
 
 def _settings(args: argparse.Namespace) -> ArchiveSettings:
-    config = getattr(args, "config", None)
-    return load_settings(config) if config is not None else ArchiveSettings()
+    return load_settings(getattr(args, "config", None))
 
 
 def _live_positions(args: argparse.Namespace) -> dict[int, int]:
@@ -270,8 +272,11 @@ def _replay_session(args: argparse.Namespace, settings: ArchiveSettings, port: i
     return 0
 
 
-def _run(config: Path) -> int:
-    settings = load_settings(config)
+def _run(args: argparse.Namespace) -> int:
+    settings = load_settings_from_args(args)
+    if args.print_config:
+        sys.stdout.write(format_settings(settings))
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     stopping = False
 
@@ -294,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "run":
-            return _run(args.config)
+            return _run(args)
         if args.command == "replay":
             return _replay(args)
         directory = _directory(args)

@@ -317,10 +317,7 @@ class ArchiveReplay:
         self._closed = False
 
     def image(self) -> Image | None:
-        for candidate in self.subscription.images:
-            if candidate.session_id == self.started.session_id:
-                return candidate
-        return None
+        return self.subscription.image_by_session_id(self.started.session_id)
 
     @property
     def done(self) -> bool:

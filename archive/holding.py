@@ -165,10 +165,7 @@ class HeldStreams:
         return list(self._held)
 
     def _image(self, held: _Held, session_id: int) -> Image | None:
-        for image in held.subscription.images:
-            if image.session_id == session_id:
-                return image
-        return None
+        return held.subscription.image_by_session_id(session_id)
 
     def _found(self, key: tuple[str, int, str]) -> _Held:
         """The hold of ``key``; raises ValueError naming what is held when there is none."""

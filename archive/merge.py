@@ -175,13 +175,10 @@ class ReplayMerge:
         raise SlipstreamError(f"replay merge of recording {self.recording_id}: {why}")
 
     def _await_live(self) -> None:
-        for image in self.live.images:
-            if image.session_id == self.descriptor.session_id:
-                self._live_image = image
-                break
-        else:
+        image = self.live.image_by_session_id(self.descriptor.session_id)
+        if image is None:
             return
-        image = self._live_image
+        self._live_image = image
         self.join_position = image.position
         self.state = MergeState.CATCHING_UP
         if self.position >= self.join_position:

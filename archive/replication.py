@@ -38,6 +38,15 @@ ends with the replay's end of stream or its image going:
   recorded, which stays valid (a replica is a recording like any: recovered at start if this
   archive died while writing it); the rest is missing still, and fetched at a later look.
 
+**Two threads, nothing shared.**  The planning, the replicas and the replays' images are the
+service's thread's (:class:`Replicator`); the calls to the peers, which wait for answers, are
+made on a thread of their own (:class:`_Caller`), which owns the links to the peers and the
+replays it opens.  The service's thread asks it with frozen requests (:class:`ListRecordings`,
+:class:`OpenReplay`, :class:`CloseReplay`) and takes its frozen results from a queue
+(:class:`Listed`, :class:`ReplayOpened`, :class:`ReplayRefused`, :class:`ReplayClosed`,
+:class:`CallFailed`); of a replay it is handed only its subscription, to read, which it hands
+back with :class:`CloseReplay`.
+
 A range is never written twice into one recording (a replica is a new recording; its frames
 come in order from the replay), and a hole is only ever filled with the peer's frames at
 their positions (the replay is positioned; the image's identity is checked against the
@@ -46,12 +55,13 @@ peer's recording before anything is written).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from slipstream.archive.catalog import NULL_POSITION, EndReason, RecordingDescriptor
 from slipstream.archive.client import ArchiveClient, ArchiveReplay, ListedRecording
@@ -61,9 +71,11 @@ from slipstream.archive.recorder import Recording
 from slipstream.archive.settings import Peer, RecordSpec, replication_reply_ports, spec_of
 from slipstream.client.errors import SlipstreamError
 from slipstream.client.image import Image
+from slipstream.client.subscription import Subscription
 
 if TYPE_CHECKING:
     from slipstream.archive.service import ArchiveService
+    from slipstream.client.client import Client
 
 log = logging.getLogger("slipstream.archive")
 
@@ -124,34 +136,133 @@ class _Fetch:
 
     fetch_id: int
     key: tuple[int, int, int]
-    peer: _Peer
+    peer: Peer
     source: ListedRecording
     spec: RecordSpec
     start: int
     end: int
     since: float
-    replay: ArchiveReplay | None = None
+    replay: ReplayOpened | None = None
     recording: Recording | None = None
     moved_at: float = 0.0
     last_position: int = -1
 
 
-class _Peer:
-    def __init__(self, peer: Peer) -> None:
-        self.peer = peer
-        self.link: ArchiveClient | None = None  # the caller thread's
+# -- what the service's thread asks of the caller's thread ----------------------------------
+@dataclass(frozen=True)
+class ListRecordings:
+    """List peer ``peer``'s recordings of this archive's stream ids: answered by
+    :class:`Listed`."""
+
+    peer: int
+
+
+@dataclass(frozen=True)
+class OpenReplay:
+    """Have peer ``peer`` replay ``[start, end)`` of its recording ``recording_id`` to this
+    host, on ``stream_id`` with ``session_id``: answered by :class:`ReplayOpened` or
+    :class:`ReplayRefused`, tagged ``fetch_id``."""
+
+    peer: int
+    fetch_id: int
+    recording_id: int
+    start: int
+    end: int
+    stream_id: int
+    session_id: int
+
+
+@dataclass(frozen=True)
+class CloseReplay:
+    """The service's thread is done with the replay of ``fetch_id`` (its subscription is
+    handed back): stop it at the peer if ``stop`` (and the link is up), then close its
+    subscription.  Answered by :class:`ReplayClosed`."""
+
+    peer: int
+    fetch_id: int
+    stop: bool
+
+
+_Request = ListRecordings | OpenReplay | CloseReplay
+
+
+# -- what the caller's thread answers ---------------------------------------------------------
+@dataclass(frozen=True)
+class Listed:
+    """Peer ``peer``'s recordings of this archive's stream ids (None: not connected, or it
+    did not answer)."""
+
+    peer: int
+    recordings: list[ListedRecording] | None
+
+
+@dataclass(frozen=True)
+class ReplayOpened:
+    """The replay :class:`OpenReplay` ``fetch_id`` asked for runs: ``subscription`` is handed
+    to the service's thread, which alone reads it (its image of ``session_id``) until
+    :class:`CloseReplay` hands it back."""
+
+    peer: int
+    fetch_id: int
+    subscription: Subscription
+    session_id: int
+
+    def image(self) -> Image | None:
+        """The replay's image, once it came (the service's thread)."""
+        return self.subscription.image_by_session_id(self.session_id)
+
+
+@dataclass(frozen=True)
+class ReplayRefused:
+    """The peer refused :class:`OpenReplay` ``fetch_id`` (or there is no link to it)."""
+
+    peer: int
+    fetch_id: int
+    error: SlipstreamError
+
+
+@dataclass(frozen=True)
+class ReplayClosed:
+    """:class:`CloseReplay` ran."""
+
+    peer: int
+
+
+@dataclass(frozen=True)
+class CallFailed:
+    """``request`` raised ``error`` (a bug: logged on the caller's thread)."""
+
+    request: _Request
+    error: Exception
+
+
+_Result = Listed | ReplayOpened | ReplayRefused | ReplayClosed | CallFailed
 
 
 class _Caller:
     """The thread that makes the calls to the peers (each waits for an answer, up to
-    ``replication_timeout``), so that a peer that stops answering never holds the service's
-    thread and its recordings.  It takes requests and hands back results through queues;
-    the links are its own."""
+    ``timeout_s``), so that a peer that stops answering never holds the service's thread and
+    its recordings.  It takes typed requests (:class:`ListRecordings`, :class:`OpenReplay`,
+    :class:`CloseReplay`) and hands back typed results through queues.  It owns the links
+    (an :class:`~slipstream.archive.client.ArchiveClient` each, used from one thread: this
+    one) and the replays it opened; of a replay, the service's thread gets only its
+    subscription, to read from :class:`ReplayOpened` until :class:`CloseReplay`."""
 
-    def __init__(self, replicator: Replicator) -> None:
-        self._replicator = replicator
-        self.requests: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
-        self.results: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+    def __init__(self, client: Client, peers: list[Peer], stream_ids: list[int], *,
+                 timeout_s: float, reply_address: str | None,
+                 reply_ports: dict[str | None, int | None]) -> None:
+        self._client = client
+        self._peers = peers
+        self._stream_ids = stream_ids
+        self._timeout_s = timeout_s
+        self._reply_address = reply_address
+        self._reply_ports = reply_ports
+        # -- the caller thread's --
+        self._links: dict[int, ArchiveClient] = {}
+        self._replays: dict[int, ArchiveReplay] = {}  # by fetch id
+        # -- the queues, both threads' --
+        self.requests: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        self.results: queue.SimpleQueue[_Result] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="archive-replication",
                                         daemon=True)
         self._thread.start()
@@ -162,28 +273,93 @@ class _Caller:
             if request is None:
                 break
             try:
-                self.results.put(self._replicator.call(*request))
+                self.results.put(self._call(request))
             except Exception as e:  # told to the service's thread, never lost here
                 log.exception("replication: a call failed")
-                self.results.put(("failed", request, e))
-        self._replicator.close_links()
+                self.results.put(CallFailed(request, e))
+        self._close_all()
 
     def stop(self, timeout_s: float) -> None:
+        """No more requests: the thread ends once it made those queued, closing its replays
+        and links (waited for at most ``timeout_s``)."""
         self.requests.put(None)
         self._thread.join(timeout_s)
+
+    # -- the caller thread's ----------------------------------------------------------------
+    def _call(self, request: _Request) -> _Result:
+        peer = self._peers[request.peer]
+        if isinstance(request, CloseReplay):
+            link = self._links.get(request.peer)
+            replay = self._replays.pop(request.fetch_id)
+            try:
+                replay.close(stop_at_archive=request.stop and link is not None
+                             and link.is_connected)
+            except SlipstreamError as e:
+                log.warning("replication: the peer %s: %s", peer, e)
+            return ReplayClosed(request.peer)
+        link = self._link(request.peer)
+        if isinstance(request, ListRecordings):
+            if link is None or not link.is_connected:
+                return Listed(request.peer, None)
+            try:
+                return Listed(request.peer, [r for stream_id in self._stream_ids
+                                             for r in link.list_all_recordings(
+                                                 stream_id=stream_id)])
+            except SlipstreamError as e:  # CallError: not answering; a later look
+                log.warning("replication: the peer %s: %s", peer, e)
+            except (KeyError, ValueError, TypeError) as e:
+                log.warning("replication: the peer %s answered what this archive cannot read "
+                            "(%s: %s)", peer, type(e).__name__, e)
+            return Listed(request.peer, None)
+        if link is None:
+            return ReplayRefused(request.peer, request.fetch_id, SlipstreamError("no link"))
+        try:
+            replay = link.replay(request.recording_id, start=request.start, end=request.end,
+                                 stream_id=request.stream_id, session_id=request.session_id)
+        except SlipstreamError as e:
+            return ReplayRefused(request.peer, request.fetch_id, e)
+        self._replays[request.fetch_id] = replay
+        return ReplayOpened(request.peer, request.fetch_id, replay.subscription,
+                            replay.started.session_id)
+
+    def _link(self, index: int) -> ArchiveClient | None:
+        link = self._links.get(index)
+        if link is None:
+            peer = self._peers[index]
+            try:
+                link = self._links[index] = ArchiveClient(
+                    self._client, peer.address, peer.port, peer.control_stream_id,
+                    timeout_s=self._timeout_s, reply_address=self._reply_address,
+                    reply_port=self._reply_ports[peer.key], key=peer.key)
+            except (SlipstreamError, OSError) as e:
+                log.warning("replication: no link to the peer %s: %s", peer, e)
+                return None
+        return link
+
+    def _close_all(self) -> None:
+        """As the thread ends: the replays still open (their subscriptions handed back by
+        then, or the service gone), then the links."""
+        for replay in self._replays.values():
+            with contextlib.suppress(SlipstreamError):
+                replay.close(stop_at_archive=False)
+        self._replays.clear()
+        for link in self._links.values():
+            link.close()
+        self._links.clear()
 
 
 class Replicator:
     """The service's catch-up from ``service.settings.peers`` (see the module): planning and
     the replica on the service's thread (:meth:`do_work`), the calls to the peers on a
-    thread of its own."""
+    thread of its own (:class:`_Caller`, which owns the links and the replays), asked by
+    typed requests and answering with typed results."""
 
     def __init__(self, service: ArchiveService) -> None:
         settings = service.settings
         self._service = service
-        self._peers = [_Peer(peer) for peer in settings.peers]
-        self._interval_ns = settings.replication_interval_ns
-        self._timeout_s = settings.replication_timeout_ns / 1e9
+        self._peers = list(settings.peers)
+        self._interval_ns = settings.replication_interval
+        self._timeout_s = settings.replication_timeout / 1e9
         self._reply_address = settings.replication_address
         # Not the peer's port, as a caller elsewhere would: that is this archive's own
         # control port too when both use the same (the usual case).  A keyed peer's answers
@@ -199,11 +375,15 @@ class Replicator:
         # monotonic time before which it is not asked for again).
         self._failures: dict[tuple[int, int, int], tuple[int, float]] = {}
         # A fetch's replay kept until its image goes: (peer, replay, deadline, stop it).
-        self._draining: tuple[int, ArchiveReplay, float, bool] | None = None
+        self._draining: tuple[ReplayOpened, float, bool] | None = None
         self.looked = 0  # the peers' lists of recordings taken (a look at a peer each)
         self.fetched = 0  # fetches that completed their range
         self.cut_short = 0  # fetches that ended before their range's end
-        self._caller = _Caller(self)
+        self._caller = _Caller(
+            service.client, settings.peers,
+            sorted({spec.stream_id for spec in settings.records}),
+            timeout_s=self._timeout_s, reply_address=self._reply_address,
+            reply_ports=self._reply_ports)
 
     @property
     def fetching(self) -> bool:
@@ -214,12 +394,12 @@ class Replicator:
         recordings when it is time; returns the work done (0: none)."""
         work = self._take_results()
         if self._draining is not None:
-            index, replay, deadline, stop = self._draining
+            replay, deadline, stop = self._draining
             image = replay.image()
             if image is not None and not image.is_closed and time.monotonic() < deadline:
                 return work
             self._draining = None
-            self._caller.requests.put(("close", index, replay, stop))
+            self._caller.requests.put(CloseReplay(replay.peer, replay.fetch_id, stop))
         if self._fetch is not None:
             return work + self._move(self._fetch, time.monotonic())
         if now_ns < self._next_look_ns or self._looking:
@@ -227,69 +407,8 @@ class Replicator:
         self._next_look_ns = now_ns + self._interval_ns
         for index in range(len(self._peers)):
             self._looking += 1
-            self._caller.requests.put(("list", index))
+            self._caller.requests.put(ListRecordings(index))
         return work + 1
-
-    # -- the calls (the caller's thread) ----------------------------------------------------
-    def call(self, op: str, index: int, *args: Any) -> tuple[Any, ...]:
-        """One request of the caller's thread: ``("list", peer)`` → the peer's recordings of
-        this archive's stream ids (None: not connected); ``("replay", peer, fetch id,
-        recording id, start, end, stream id, session id)`` → the replay; ``("close", peer, replay,
-        stop)``."""
-        peer = self._peers[index]
-        if op == "close":
-            replay, stop = args
-            try:
-                replay.close(stop_at_archive=stop and peer.link is not None
-                             and peer.link.is_connected)
-            except SlipstreamError as e:
-                log.warning("replication: the peer %s: %s", peer.peer, e)
-            return ("closed", index)
-        link = self._link(peer)
-        if op == "list":
-            if link is None or not link.is_connected:
-                return ("listed", index, None)
-            stream_ids = sorted({spec.stream_id for spec in self._service.settings.records})
-            try:
-                return ("listed", index, [r for stream_id in stream_ids
-                                          for r in link.list_all_recordings(
-                                              stream_id=stream_id)])
-            except SlipstreamError as e:  # CallError: not answering; a later look
-                log.warning("replication: the peer %s: %s", peer.peer, e)
-            except (KeyError, ValueError, TypeError) as e:
-                log.warning("replication: the peer %s answered what this archive cannot read "
-                            "(%s: %s)", peer.peer, type(e).__name__, e)
-            return ("listed", index, None)
-        fetch_id, recording_id, start, end, stream_id, session_id = args
-        if link is None:
-            return ("replay", index, fetch_id, SlipstreamError("no link"))
-        try:
-            return ("replay", index, fetch_id,
-                    link.replay(recording_id, start=start, end=end, stream_id=stream_id,
-                                session_id=session_id))
-        except SlipstreamError as e:
-            return ("replay", index, fetch_id, e)
-
-    def _link(self, peer: _Peer) -> ArchiveClient | None:
-        if peer.link is None:
-            try:
-                peer.link = ArchiveClient(self._service.client, peer.peer.address,
-                                          peer.peer.port, peer.peer.control_stream_id,
-                                          timeout_s=self._timeout_s,
-                                          reply_address=self._reply_address,
-                                          reply_port=self._reply_ports[peer.peer.key],
-                                          key=peer.peer.key)
-            except (SlipstreamError, OSError) as e:
-                log.warning("replication: no link to the peer %s: %s", peer.peer, e)
-                return None
-        return peer.link
-
-    def close_links(self) -> None:
-        """The caller's thread, as it ends."""
-        for peer in self._peers:
-            if peer.link is not None:
-                peer.link.close()
-                peer.link = None
 
     # -- planning (the service's thread) ----------------------------------------------------
     def _take_results(self) -> int:
@@ -300,34 +419,34 @@ class Replicator:
             except queue.Empty:
                 return work
             work += 1
-            kind = result[0]
-            if kind == "listed":
+            if isinstance(result, Listed):
                 self._looking -= 1
-                _, index, listed = result
-                self.looked += listed is not None
+                self.looked += result.recordings is not None
                 # Not while a replay drains: the next fetch might be the same session's, to
                 # the same endpoint (a later look plans it).
-                if listed is not None and self._fetch is None and self._draining is None:
-                    self._plan(index, listed)
-            elif kind == "replay":
-                _, index, fetch_id, answer = result
+                if (result.recordings is not None and self._fetch is None
+                        and self._draining is None):
+                    self._plan(result.peer, result.recordings)
+            elif isinstance(result, ReplayOpened | ReplayRefused):
                 fetch = self._fetch
-                if fetch is None or fetch.fetch_id != fetch_id or fetch.replay is not None:
+                if fetch is None or fetch.fetch_id != result.fetch_id or fetch.replay is not None:
                     # The answer to a fetch given up meanwhile: its replay is nobody's.
-                    if not isinstance(answer, Exception):
-                        self._caller.requests.put(("close", index, answer, True))
+                    if isinstance(result, ReplayOpened):
+                        self._caller.requests.put(CloseReplay(result.peer, result.fetch_id,
+                                                              True))
                     continue
-                if isinstance(answer, Exception):
-                    self._end(fetch, f"the peer refused the replay: {answer}")
+                if isinstance(result, ReplayRefused):
+                    self._end(fetch, f"the peer refused the replay: {result.error}")
                 else:
-                    fetch.replay = answer
+                    fetch.replay = result
                     fetch.since = fetch.moved_at = time.monotonic()
-            elif kind == "failed":
-                if result[1][0] == "list":
+            elif isinstance(result, CallFailed):
+                request = result.request
+                if isinstance(request, ListRecordings):
                     self._looking -= 1
-                elif result[1][0] == "replay" and self._fetch is not None and \
-                        self._fetch.fetch_id == result[1][2]:
-                    self._end(self._fetch, f"the call failed: {result[2]}")
+                elif isinstance(request, OpenReplay) and self._fetch is not None and \
+                        self._fetch.fetch_id == request.fetch_id:
+                    self._end(self._fetch, f"the call failed: {result.error}")
 
     def _spec_for(self, descriptor: RecordingDescriptor) -> RecordSpec | None:
         """The ``[[record]]`` a peer's recording is one of this archive's streams by: the
@@ -395,11 +514,12 @@ class Replicator:
         self._fetch_ids += 1
         self._fetch = _Fetch(self._fetch_ids, key, peer, source, spec, start, end,
                              time.monotonic())
-        self._caller.requests.put(("replay", index, self._fetch_ids, descriptor.recording_id,
-                                   start, end, descriptor.stream_id, descriptor.session_id))
+        self._caller.requests.put(OpenReplay(index, self._fetch_ids, descriptor.recording_id,
+                                             start, end, descriptor.stream_id,
+                                             descriptor.session_id))
         log.info("replication: fetching [%d, %d) of session %d stream %d from recording %d "
                  "at the peer %s", start, end, descriptor.session_id, descriptor.stream_id,
-                 descriptor.recording_id, peer.peer)
+                 descriptor.recording_id, peer)
 
     def _failed(self, key: tuple[int, int, int], why: str) -> None:
         """A fetch of the range ``key`` names brought nothing: it waits before it is asked
@@ -407,7 +527,7 @@ class Replicator:
         failures = self._failures.get(key, (0, 0.0))[0] + 1
         delay = min(RETRY_BASE_S * 2 ** (failures - 1), RETRY_MAX_S)
         self._failures[key] = (failures, time.monotonic() + delay)
-        peer = self._peers[key[0]].peer
+        peer = self._peers[key[0]]
         if failures >= MAX_FAILURES:
             log.error("replication: gave up fetching from position %d of recording %d at the "
                       "peer %s after %d failures (the last: %s); the rest is fetched, this "
@@ -500,12 +620,12 @@ class Replicator:
             return 0
         service = self._service
         settings = service.settings
-        peer = fetch.peer.peer
+        peer = fetch.peer
         try:
             recording = Recording(
                 service.catalog, service.directory, image, fetch.spec.channel,
                 segment_length=settings.segment_length, sync=settings.sync,
-                sync_interval_ns=settings.sync_interval_ns,
+                sync_interval_ns=settings.sync_interval,
                 block_length=settings.block_length, on_position=service.position_moved,
                 write_behind=settings.write_behind,
                 source_identity=f"replica of recording {descriptor.recording_id} at {peer}",
@@ -536,24 +656,22 @@ class Replicator:
         if failure is not None and reached <= fetch.start:
             self._failed(fetch.key, failure)
         if fetch.replay is not None:
-            index = self._peers.index(fetch.peer)
             # Kept until its image goes: the receiver tells the peer the stream ended (so its
             # publication goes at once), and the next fetch of the session, with the same
             # session id to the same endpoint, meets no image of this one.  A fetch that
             # failed has its replay stopped at the peer then, if it still runs.
-            self._draining = (index, fetch.replay, time.monotonic() + DRAIN_S,
-                              failure is not None)
+            self._draining = (fetch.replay, time.monotonic() + DRAIN_S, failure is not None)
         if failure is None:
             self.fetched += 1
             self._next_look_ns = 0  # the next hole at once
             log.info("replication: fetched [%d, %d) of session %d from the peer %s into "
                      "recording %d", fetch.start, fetch.end, source.session_id,
-                     fetch.peer.peer, recording.recording_id if recording else -1)
+                     fetch.peer, recording.recording_id if recording else -1)
         else:
             self.cut_short += 1
             log.warning("replication: the fetch of [%d, %d) of session %d from the peer %s "
                         "ended at %d: %s; the rest at a later look", fetch.start, fetch.end,
-                        source.session_id, fetch.peer.peer, reached, failure)
+                        source.session_id, fetch.peer, reached, failure)
 
     def close(self) -> None:
         """Stop a fetch in progress (its replica stopped where it is), then the caller's
@@ -561,7 +679,7 @@ class Replicator:
         if self._fetch is not None:
             self._end(self._fetch, "the archive stopped")
         if self._draining is not None:
-            index, replay, _, stop = self._draining
+            replay, _, stop = self._draining
             self._draining = None
-            self._caller.requests.put(("close", index, replay, stop))
+            self._caller.requests.put(CloseReplay(replay.peer, replay.fetch_id, stop))
         self._caller.stop(self._timeout_s + 1.0)

@@ -120,8 +120,8 @@ class ArchiveService:
         except BaseException:
             os.close(self._lock_fd)
             raise
-        self.holds = HeldStreams(self.client, settings.release_after_ns / 1e9
-                                 if settings.release_after_ns else None)
+        self.holds = HeldStreams(self.client, settings.release_after / 1e9
+                                 if settings.release_after else None)
         self._next_retention_ns = 0
         self._closed = False
         try:
@@ -129,7 +129,7 @@ class ArchiveService:
                 self.control = ArchiveControl(self, settings.control_address,
                                               settings.control_port, settings.control_stream_id,
                                               keys=settings.control_keys,
-                                              subnets=settings.control_subnets,
+                                              subnets=settings.subnets,
                                               configured_holds=frozenset(
                                                   held.channel for held in settings.holds))
             if settings.peers:
@@ -185,7 +185,7 @@ class ArchiveService:
                     recording = Recording(
                         self.catalog, self.directory, image, channel,
                         segment_length=self.settings.segment_length, sync=self.settings.sync,
-                        sync_interval_ns=self.settings.sync_interval_ns,
+                        sync_interval_ns=self.settings.sync_interval,
                         block_length=self.settings.block_length,
                         on_position=self.position_moved,
                         write_behind=self.settings.write_behind)
@@ -315,13 +315,13 @@ class ArchiveService:
             work += self.control.do_work()
         self.holds.do_work(self.control.logs_in_use if self.control is not None else set())
         if now_ns >= self._next_retention_ns:
-            self._next_retention_ns = now_ns + self.settings.retention_check_interval_ns
+            self._next_retention_ns = now_ns + self.settings.retention_check_interval
             self.run_retention()
         return work
 
     def run_retention(self) -> list[Path]:
         """Apply the retention settings now; returns the files removed."""
-        if not (self.settings.retention_max_bytes or self.settings.retention_max_age_ns or
+        if not (self.settings.retention_max_bytes or self.settings.retention_max_age or
                 any(spec.retention_max_bytes or spec.retention_max_age_ns
                     for spec in self.settings.records)):
             return []
@@ -335,7 +335,7 @@ class ArchiveService:
         try:
             return apply_retention(self.catalog, self.directory,
                                    max_bytes=self.settings.retention_max_bytes,
-                                   max_age_ns=self.settings.retention_max_age_ns, live=live,
+                                   max_age_ns=self.settings.retention_max_age, live=live,
                                    now_ns=time.time_ns(), streams=self.settings.records)
         except OSError as e:
             log.error("retention: %s", e)

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.lowlevel
@@ -36,21 +37,58 @@ import anyio.to_thread
 import sniffio
 
 from slipstream.client._native import lib
+from slipstream.client.channel import PolicySpec
 from slipstream.client.errors import BackPressuredError, ClosedError, UsageError
+from slipstream.client.logbuffer import LogBuffer
+from slipstream.client.messages import Buffer, FragmentHandler
+from slipstream.client.owner import ResourceOwner
 from slipstream.client.policy import (
     BLOCK_SPIN_NS,
     BLOCK_YIELD_NS,
     DEFAULT_BLOCK_TIMEOUT_NS,
     INVOKER_PACE_SLICE_NS,
     PACE_SLICE_NS,
+    OfferPolicy,
+    TokenBucket,
 )
 
-if TYPE_CHECKING:
-    from slipstream.client.channel import PolicySpec
-    from slipstream.client.messages import FragmentHandler
-    from slipstream.client.policy import TokenBucket
-    from slipstream.client.publication import Buffer, Publication
-    from slipstream.client.subscription import Subscription
+
+class AsyncPublication(Protocol):
+    """What the async calls use of a :class:`~slipstream.client.publication.Publication`,
+    which calls them (they run its own offers and waits)."""
+
+    channel: str
+    stream_id: int
+    policy: PolicySpec | None
+    _policy: OfferPolicy | None
+    _client: ResourceOwner
+    _log: LogBuffer
+    _appender: Any  # ss_appender_t *
+    _durable_cells: tuple[Any, ...] | None
+    _async_turns: int
+    _attempt: Callable[[Buffer, int], int]
+
+    @property
+    def is_closed(self) -> bool: ...
+    @property
+    def durable_position(self) -> int | None: ...
+    def _wake_durable_waiters(self) -> None: ...
+
+
+class AsyncSubscription(Protocol):
+    """What the async calls use of a :class:`~slipstream.client.subscription.Subscription`,
+    which calls them."""
+
+    _client: ResourceOwner
+    _async_turns: int
+    _async_pending: deque[bytes]
+    _before_read_due: bool
+
+    @property
+    def is_closed(self) -> bool: ...
+    def _poll(self, handler: FragmentHandler, fragment_limit: int) -> tuple[int, bool]: ...
+    def wait_for_data(self, timeout_ns: int, spin_ns: int | None = None) -> bool: ...
+    def _wake_waiters(self) -> None: ...
 
 #: The longest one park in a worker thread lasts before the task looks again (a close, a lost
 #: driver and new images wake it sooner).
@@ -82,7 +120,7 @@ def _running_loop() -> str:
     return loop
 
 
-def _turn_is_due(handle: Publication | Subscription) -> bool:
+def _turn_is_due(handle: AsyncPublication | AsyncSubscription) -> bool:
     """Whether this call is the one in :data:`SCHEDULE_EVERY` that checkpoints."""
     if handle._async_turns == 0:
         # Until one call passed it: under another loop the first 63 calls would pass, and
@@ -147,7 +185,7 @@ async def _park(wait: Callable[[int], Any], wake: Callable[[], None], slice_ns: 
         raise
 
 
-async def offer(publication: Publication, message: Buffer, timeout: float | None,
+async def offer(publication: AsyncPublication, message: Buffer, timeout: float | None,
                 reserved_value: int = 0) -> int:
     """``Publication.offer_async``: see there.  Every attempt carries ``reserved_value``."""
     attempt = publication._attempt
@@ -181,7 +219,7 @@ def _timeout_ns(policy: PolicySpec | None, timeout: float | None) -> int:
             else DEFAULT_BLOCK_TIMEOUT_NS)
 
 
-async def _paced_offer(publication: Publication, bucket: TokenBucket, message: Buffer,
+async def _paced_offer(publication: AsyncPublication, bucket: TokenBucket, message: Buffer,
                        timeout: float | None, reserved_value: int) -> int:
     """``offer_async`` under ``rate-limit``: wait (cancellable) until the bucket lets the
     message go (the pacing is the rate asked for: ``timeout`` bounds only the wait for credit
@@ -217,7 +255,7 @@ async def _paced_offer(publication: Publication, bucket: TokenBucket, message: B
     return result
 
 
-def _back_pressured(publication: Publication, waited_ns: int, *,
+def _back_pressured(publication: AsyncPublication, waited_ns: int, *,
                     connected: bool) -> BackPressuredError:
     policy = publication.policy
     return BackPressuredError(publication.channel, publication.stream_id,
@@ -225,7 +263,7 @@ def _back_pressured(publication: Publication, waited_ns: int, *,
                               waited_ns / 1e9, connected=connected)
 
 
-async def _wait_for_credit(publication: Publication, message: Buffer, result: int,
+async def _wait_for_credit(publication: AsyncPublication, message: Buffer, result: int,
                            started_ns: int, timeout_ns: int, reserved_value: int) -> int:
     """``offer_async`` after an attempt that found no credit (``result``): park without
     blocking the event loop until an attempt appends it (with ``reserved_value``); the final
@@ -268,7 +306,7 @@ async def _wait_for_credit(publication: Publication, message: Buffer, result: in
         result = attempt(message, reserved_value)
 
 
-async def wait_durable(publication: Publication, position: int, timeout_ns: int) -> bool:
+async def wait_durable(publication: AsyncPublication, position: int, timeout_ns: int) -> bool:
     """``Publication.wait_durable_async``: see there."""
     cells = publication._durable_cells
     assert cells is not None
@@ -293,7 +331,7 @@ async def wait_durable(publication: Publication, position: int, timeout_ns: int)
                     invoker)
 
 
-async def receive(subscription: Subscription, handler: FragmentHandler, fragment_limit: int,
+async def receive(subscription: AsyncSubscription, handler: FragmentHandler, fragment_limit: int,
                   timeout: float | None) -> int:
     """``Subscription.receive_async``: see there."""
     # A cancellation before the poll, never after it: what the poll handed to the handler
@@ -318,7 +356,7 @@ async def receive(subscription: Subscription, handler: FragmentHandler, fragment
     return 0
 
 
-async def messages(subscription: Subscription, fragment_limit: int) -> AsyncIterator[bytes]:
+async def messages(subscription: AsyncSubscription, fragment_limit: int) -> AsyncIterator[bytes]:
     """``Subscription.messages``: see there."""
     # The messages polled and not yet yielded live on the subscription, so that a loop left
     # early (a break, a cancellation) leaves them to the next ``messages()``, not to nobody.
@@ -352,7 +390,7 @@ async def poll_async(poll: Callable[[], int]) -> int:
     return count
 
 
-async def wait_for_data(subscription: Subscription, timeout_ns: int) -> None:
+async def wait_for_data(subscription: AsyncSubscription, timeout_ns: int) -> None:
     """``Subscription.wait_for_data`` without blocking the event loop: park (in a worker
     thread, cancellable, the thread freed at once) until a frame is committed at one of its
     images' positions, for at most ``timeout_ns`` (and :data:`PARK_SLICE_NS`), or run one

@@ -24,6 +24,8 @@ DRIVER_SHUTDOWN, BACK_PRESSURE_EPISODE.  PUBLICATION_READY and SUBSCRIPTION_READ
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import grp
 import json
 import os
@@ -34,7 +36,12 @@ from pathlib import Path
 from typing import Any, Final, Literal, overload
 
 from slipstream.client.channel import MAX_URI_LENGTH
-from slipstream.client.errors import DriverError, InvalidArgumentError
+from slipstream.client.counter_record import (
+    check_client_type_id,
+    decode_counter_key,
+    encode_counter_label,
+)
+from slipstream.client.errors import DriverError, DriverNotRunningError, InvalidArgumentError
 from slipstream.client.layout import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 
 PROTOCOL_VERSION = 5  # 5: client counters, and the counters file's version 2
@@ -288,6 +295,35 @@ def parse_lock(data: bytes) -> tuple[bool, int | None, bool]:
     return True, int(pid) if pid.isdigit() else None, fields.get("created") == "yes"
 
 
+def driver_holds_lock(directory: Path) -> bool:
+    """Whether a live process holds the driver lock (a crashed driver's lock is released).
+    Raises :class:`DriverError` naming the directory's owner when this process may not open
+    the lock: another user's driver (:func:`foreign_directory_error`)."""
+    try:
+        fd = os.open(directory / LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    except PermissionError:
+        owner = None
+        for path in (directory, directory.parent):  # the parent: when even the directory
+            with contextlib.suppress(OSError):      # cannot be looked at
+                owner = os.stat(path).st_uid
+                break
+        if owner is None:
+            raise DriverNotRunningError(str(directory), "this process may not look into it "
+                                                        "(permission denied)") from None
+        raise foreign_directory_error(directory, owner) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
 def lock_holder_pid(directory: str | os.PathLike[str]) -> int | None:
     """The pid a driver wrote into the directory's lock, or None when there is no lock or it
     names none.  Whether that process still holds the lock is another question
@@ -388,26 +424,6 @@ def _pid(field: str, value: object) -> object:
     return _check_int(field, value, (0, INT32_MAX))
 
 
-# A counter's fields are checked by the counters file's own rules (its layout's limits): the
-# module imports this one, so it is imported when a command is checked.
-def _counter_type_id(field: str, value: object) -> object:
-    from slipstream.client.counters import check_client_type_id
-
-    return check_client_type_id(field, value)
-
-
-def _counter_label(field: str, value: object) -> object:
-    from slipstream.client.counters import encode_counter_label
-
-    return encode_counter_label(field, value)
-
-
-def _counter_key(field: str, value: object) -> object:
-    from slipstream.client.counters import decode_counter_key
-
-    return decode_counter_key(field, value)
-
-
 _process_token = secrets.randbits(63)
 
 
@@ -448,8 +464,8 @@ COMMAND_FIELDS: dict[str, dict[str, Any]] = {
                           "channel": check_channel},
     REMOVE_RCV_DESTINATION: {"correlation_id": _int64, "registration_id": _int64,
                              "channel": check_channel},
-    ADD_COUNTER: {"correlation_id": _int64, "type_id": _counter_type_id,
-                  "label": _counter_label, "key": _counter_key},
+    ADD_COUNTER: {"correlation_id": _int64, "type_id": check_client_type_id,
+                  "label": encode_counter_label, "key": decode_counter_key},
     REMOVE_COUNTER: {"correlation_id": _int64, "registration_id": _int64},
 }
 

@@ -41,14 +41,23 @@ import attrs
 
 from slipstream.client import control
 from slipstream.client._native import ffi, lib
-from slipstream.client.errors import ClosedError, InvalidArgumentError
-from slipstream.client.layout import INT32_MAX
+from slipstream.client.counter_record import (
+    KEY_MAX_LENGTH,
+    KEY_OFFSET,
+    LABEL_MAX_LENGTH,
+    LABEL_OFFSET,
+    METADATA_LENGTH,
+    RECORD,
+    check_counter_key,
+    fit_label,
+)
+from slipstream.client.counter_record import is_driver_type as is_driver_type  # its readers'
+from slipstream.client.errors import ClosedError
 from slipstream.client.mapping import map_shared, unmap
 
 MAGIC = 0x53504C53  # "SLPS"
 VERSION = 2  # 2: 512-byte metadata records with a key
 HEADER_LENGTH = 4096
-METADATA_LENGTH = 512
 VALUE_LENGTH = 128
 
 # Header fields.
@@ -73,22 +82,16 @@ _STATE_RECLAIMED = -1  # freed; reusable once the deadline in its registration f
 # (a heartbeat, a position): a freed slot waits this long before it is handed out again.
 FREE_TO_REUSE_TIMEOUT_NS = 1_000_000_000
 # state, type, registration, session, stream, owner, label length, key length
-_META = struct.Struct("<iiqiiqii")
-_KEY_OFFSET = _META.size
-#: The longest key a counter carries, bytes (Aeron's MAX_KEY_LENGTH).
-KEY_MAX_LENGTH: Final = 112
-_LABEL_OFFSET = _KEY_OFFSET + KEY_MAX_LENGTH
-#: The longest label a counter carries, bytes of UTF-8: what the record leaves after the key.
-LABEL_MAX_LENGTH: Final = METADATA_LENGTH - _LABEL_OFFSET  # 360
-# The offsets of _META's first three fields (a client's keepalive thread reads them from C).
+# The offsets of RECORD's first three fields (a client's keepalive thread reads them from C).
 _STATE_OFFSET, _TYPE_OFFSET, _REGISTRATION_OFFSET = (
-    struct.calcsize(_META.format[:n]) for n in (1, 2, 3))
+    struct.calcsize(RECORD.format[:n]) for n in (1, 2, 3))
 
 
 class CounterType(enum.IntEnum):
     """What a counter measures (ids follow Aeron's where Aeron has one).
 
-    Type ids are the driver's or its clients': the driver keeps :data:`DRIVER_TYPE_IDS`
+    Type ids are the driver's or its clients': the driver keeps
+    :data:`~slipstream.client.counter_record.DRIVER_TYPE_IDS`
     (Aeron's 0..99 and slipstream's own 1000..1099) for its own counters and refuses them to
     ``Client.add_counter``, which takes any other id in 0..2**31-1.  Aeron's archive
     (100..199) and cluster (200..299) are clients of the driver and number theirs there, as
@@ -127,83 +130,6 @@ class CounterType(enum.IntEnum):
     # A client's (a Spark read query's planner): the bytes its sessions hold past what the
     # query committed, summed over the sessions (its label names the query).
     SPARK_READ_LAG = 1100
-
-
-#: The type ids of the driver's own counters (:class:`CounterType`): a client may not add one.
-DRIVER_TYPE_IDS: Final = (range(0, 100), range(1000, 1100))
-
-
-def is_driver_type(type_id: int) -> bool:
-    """Whether ``type_id`` is one of the driver's own (:data:`DRIVER_TYPE_IDS`), not a
-    client's counter."""
-    return any(type_id in ids for ids in DRIVER_TYPE_IDS)
-
-
-def check_client_type_id(field: str, value: object) -> int:
-    """``value`` if it is a type id a client may add a counter of (an int in 0..2**31-1
-    outside :data:`DRIVER_TYPE_IDS`), else :class:`InvalidArgumentError` naming ``field``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgumentError(field, f"{value!r} is not an integer")
-    if not 0 <= value <= INT32_MAX:
-        raise InvalidArgumentError(field, f"{value} is outside 0..{INT32_MAX}")
-    if is_driver_type(value):
-        reserved = " and ".join(f"{r.start}..{r.stop - 1}" for r in DRIVER_TYPE_IDS)
-        raise InvalidArgumentError(field, f"{value} is reserved for the driver's own counters "
-                                          f"({reserved}); use another, e.g. from 1100 up")
-    return value
-
-
-def fit_label(text: str) -> str:
-    """``text`` cut to a counter label's :data:`LABEL_MAX_LENGTH` bytes of UTF-8, at a
-    character's start (for labels that repeat a channel URI, which may be longer)."""
-    encoded = text.encode("utf-8", "replace")
-    if len(encoded) <= LABEL_MAX_LENGTH:
-        return text
-    return encoded[:LABEL_MAX_LENGTH].decode("utf-8", "ignore")
-
-
-def encode_counter_label(field: str, value: object) -> bytes:
-    """A client counter's label as stored: its UTF-8, at most :data:`LABEL_MAX_LENGTH` bytes,
-    else :class:`InvalidArgumentError` naming ``field`` (a driver's own labels are cut
-    instead: they repeat a channel URI of up to 4095 characters)."""
-    if not isinstance(value, str):
-        raise InvalidArgumentError(field, f"{value!r} is not a string")
-    try:
-        encoded = value.encode("utf-8")
-    except UnicodeEncodeError as e:  # a lone surrogate, which JSON can carry
-        raise InvalidArgumentError(field, f"not valid Unicode text: {e.reason}") from None
-    if len(encoded) > LABEL_MAX_LENGTH:
-        raise InvalidArgumentError(field, f"{len(encoded)} bytes of UTF-8 exceed the counters "
-                                          f"file's {LABEL_MAX_LENGTH}-byte label")
-    return encoded
-
-
-def check_counter_key(field: str, value: object) -> bytes:
-    """A counter's key: bytes of at most :data:`KEY_MAX_LENGTH`, else
-    :class:`InvalidArgumentError` naming ``field``."""
-    if not isinstance(value, bytes | bytearray | memoryview):
-        raise InvalidArgumentError(field, f"{type(value).__name__} is not bytes")
-    key = bytes(value)
-    if len(key) > KEY_MAX_LENGTH:
-        raise InvalidArgumentError(field, f"{len(key)} bytes exceed the counters file's "
-                                          f"{KEY_MAX_LENGTH}-byte key")
-    return key
-
-
-def decode_counter_key(field: str, value: object) -> bytes:
-    """A key as a control message carries it (hex, messages being JSON), checked as
-    :func:`check_counter_key`."""
-    if not isinstance(value, str):
-        raise InvalidArgumentError(field, f"{value!r} is not a hex string")
-    if len(value) > 2 * KEY_MAX_LENGTH:  # before decoding: a long one costs nothing
-        raise InvalidArgumentError(field, f"{len(value) // 2} bytes exceed the counters "
-                                          f"file's {KEY_MAX_LENGTH}-byte key")
-    try:
-        return check_counter_key(field, bytes.fromhex(value))
-    except ValueError as e:
-        if isinstance(e, InvalidArgumentError):
-            raise
-        raise InvalidArgumentError(field, f"not hex: {e}") from None
 
 
 class SystemCounter(enum.IntEnum):
@@ -639,11 +565,11 @@ class CountersFile:
             # Cut at a character's start: a label read back never ends in half of one.
             encoded = fit_label(label).encode("utf-8", "replace")
             lib.ss_store_release_i64(self.address(counter_id), initial_value)
-            struct.pack_into(_META.format, self._map, offset, _STATE_FREE, type_id,
+            struct.pack_into(RECORD.format, self._map, offset, _STATE_FREE, type_id,
                              registration_id, session_id, stream_id, owner_id, len(encoded),
                              len(key))
-            self._map[offset + _KEY_OFFSET:offset + _KEY_OFFSET + len(key)] = key
-            self._map[offset + _LABEL_OFFSET:offset + _LABEL_OFFSET + len(encoded)] = encoded
+            self._map[offset + KEY_OFFSET:offset + KEY_OFFSET + len(key)] = key
+            self._map[offset + LABEL_OFFSET:offset + LABEL_OFFSET + len(encoded)] = encoded
             # Publish the slot last so readers never see a half-written record.
             lib.ss_store_release_i32(ffi.cast("int32_t *", self._base + offset), _STATE_ALLOCATED)
             return counter_id
@@ -733,15 +659,15 @@ class CountersFile:
             raise IndexError(f"counter id {counter_id} outside 0..{self.capacity - 1}")
         offset = self._meta_offset(counter_id)
         state, type_id, registration, session, stream, owner, label_length, key_length = (
-            _META.unpack_from(self._map, offset))
+            RECORD.unpack_from(self._map, offset))
         if state != _STATE_ALLOCATED:
             return None
         # The lengths come from a file every client of the driver may write: kept to the
         # record, so that a damaged one never reads into the next.
         label_length = min(max(label_length, 0), LABEL_MAX_LENGTH)
         key_length = min(max(key_length, 0), KEY_MAX_LENGTH)
-        label = bytes(self._map[offset + _LABEL_OFFSET:offset + _LABEL_OFFSET + label_length])
-        key = bytes(self._map[offset + _KEY_OFFSET:offset + _KEY_OFFSET + key_length])
+        label = bytes(self._map[offset + LABEL_OFFSET:offset + LABEL_OFFSET + label_length])
+        key = bytes(self._map[offset + KEY_OFFSET:offset + KEY_OFFSET + key_length])
         info = CounterInfo(counter_id, type_id, registration, session, stream, owner,
                            label.decode("utf-8", "replace"), self.get(counter_id), key)
         # Freed (and maybe handed out again) while it was read: no snapshot of a mix.

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from slipstream.client import _fastpath
 from slipstream.client._native import ffi, lib
@@ -57,9 +56,6 @@ from slipstream.client.messages import (
     MessageBatch,
 )
 
-if TYPE_CHECKING:
-    from slipstream.client.subscription import Subscription
-
 _dispatch = _fastpath.dispatch
 _payload_buffer = _fastpath.payload_buffer
 _controlled_dispatch = _fastpath.controlled_dispatch
@@ -73,7 +69,7 @@ class Image:
 
     def __init__(self, log: LogBuffer, position_counter, *, join_position: int,
                  correlation_id: int = 0, source_identity: str = "",
-                 channel_key: str | None = None, subscription: Subscription | None = None,
+                 channel_key: str | None = None, subscription: object = None,
                  doorbell_fd: int = -1) -> None:
         """``position_counter`` is a cffi ``int64_t *``: this subscriber's position counter.
         ``doorbell_fd``: for an image of a network stream, the driver receiver's doorbell

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from array import array
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from slipstream.client.layout import (
     CURRENT_VERSION,
@@ -23,8 +23,26 @@ from slipstream.client.layout import (
 )
 from slipstream.client.logbuffer import compute_term_id
 
-if TYPE_CHECKING:
-    from slipstream.client.image import Image
+#: What an offer takes: anything exposing the buffer protocol (numpy arrays too);
+#: ``collections.abc.Buffer`` is 3.12+.
+Buffer = bytes | bytearray | memoryview
+
+
+class FramedStream(Protocol):
+    """What a :class:`Header` reads of the image its message came from
+    (:class:`~slipstream.client.image.Image`): the stream's ids and how its positions are
+    framed."""
+
+    @property
+    def session_id(self) -> int: ...
+    @property
+    def stream_id(self) -> int: ...
+    @property
+    def initial_term_id(self) -> int: ...
+    @property
+    def term_length(self) -> int: ...
+    @property
+    def mtu(self) -> int: ...
 
 
 class Header:
@@ -32,7 +50,7 @@ class Header:
 
     __slots__ = ("_image", "_payload", "_term", "_term_base")
 
-    def __init__(self, image: Image) -> None:
+    def __init__(self, image: FramedStream) -> None:
         self._image = image
         self._term: memoryview = memoryview(b"")
         self._term_base = 0
@@ -92,7 +110,7 @@ class GatheredHeader(Header):
 
     __slots__ = ("_held",)
 
-    def __init__(self, image: Image) -> None:
+    def __init__(self, image: FramedStream) -> None:
         super().__init__(image)
         self._held: tuple[int, ...] = ()
 

@@ -29,16 +29,14 @@ import os
 import time
 from array import array
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any
 
 import attrs
 
 from slipstream.client._native import lib
 from slipstream.client.channel import PolicySpec, parse_channel, parse_policy
 from slipstream.client.errors import BackPressuredError, ChannelError
-
-if TYPE_CHECKING:
-    from slipstream.client.publication import Buffer, Publication
+from slipstream.client.messages import Buffer
 
 #: How long ``block`` waits for credit when the policy names no ``timeout``.
 DEFAULT_BLOCK_TIMEOUT_NS = 10_000_000_000
@@ -161,14 +159,28 @@ class TokenBucket:
 class OfferPolicy:
     """Applies one publication's :class:`PolicySpec` to its refused offers (module doc)."""
 
-    def __init__(self, spec: PolicySpec, publication: Publication,
-                 attempt: Callable[[Buffer, int], int]) -> None:
-        """``attempt(message, reserved_value)``: one plain offer of the publication (no idle
-        strategy, no policy)."""
+    def __init__(self, spec: PolicySpec, attempt: Callable[[Buffer, int], int],
+                 attempt_batch: Callable[[Buffer, array | memoryview,
+                                          array | memoryview | None], tuple[int, int]], *,
+                 channel: str, stream_id: int, appender: Any, drops_cell: Any,
+                 invoker: Callable[[], int] | None, closed: Callable[[], bool]) -> None:
+        """For the publication of ``stream_id`` on ``channel``: ``attempt(message,
+        reserved_value)``, one plain offer of it (no idle strategy, no policy);
+        ``attempt_batch(data, lengths, reserved_values)``, one C batch append (messages
+        appended, the refined code when none was); ``appender``, its ``ss_appender_t *``,
+        whose credit a wait awaits; ``drops_cell``, its ``pub-drops`` counter (None: not
+        counted); ``invoker``, its client's embedded driver (invoker mode); ``closed()``,
+        whether it or its client is closed."""
         self.spec = spec
         self.name = spec.name
-        self._publication = publication
         self._attempt = attempt
+        self._attempt_batch = attempt_batch
+        self._channel = channel
+        self._stream_id = stream_id
+        self._appender = appender
+        self._drops_cell = drops_cell
+        self._invoker = invoker
+        self._closed = closed
         self._timeout_ns = (spec.timeout_ns if spec.timeout_ns is not None
                             else DEFAULT_BLOCK_TIMEOUT_NS)
         self._waits = spec.name == "block" or (spec.name == "rate-limit" and not spec.refuse)
@@ -210,7 +222,6 @@ class OfferPolicy:
         many went in) or refused (``rate-limit`` with ``when-empty:refuse``: returns how many
         went in, or BACK_PRESSURED when none did).  ``reserved_values``: checked already,
         one per message, or None."""
-        publication = self._publication
         count = len(lengths)
         bucket = self.bucket
         if bucket is not None:
@@ -225,7 +236,7 @@ class OfferPolicy:
         while appended < count:
             rest = lengths[appended:]
             values = reserved_values[appended:] if reserved_values is not None else None
-            done, code = publication._offer_batch_once(view[offset:], rest, values)
+            done, code = self._attempt_batch(view[offset:], rest, values)
             if done > 0:
                 offset += sum(rest[:done])
                 appended += done
@@ -278,14 +289,13 @@ class OfferPolicy:
 
     def _wait(self, remaining_ns: int) -> None:
         """Wait for credit (or a close, or a lost driver) for at most ``remaining_ns``."""
-        publication = self._publication
-        invoker = publication._client.invoker
+        invoker = self._invoker
         if invoker is not None:
             # An embedded driver moves the limit only when someone runs it: this caller.
             if not invoker():
                 os.sched_yield()
             return
-        lib.ss_await_credit(publication._appender, BLOCK_SPIN_NS, BLOCK_YIELD_NS,
+        lib.ss_await_credit(self._appender, BLOCK_SPIN_NS, BLOCK_YIELD_NS,
                             min(remaining_ns, _PARK_SLICE_NS))
 
     def _paced(self, bucket: TokenBucket, messages: int, length: int) -> int:
@@ -293,15 +303,14 @@ class OfferPolicy:
         (BACK_PRESSURED: it is empty and the policy refuses; CLOSED: the publication closed
         meanwhile, from another thread or with its client).  The pacing is the rate asked
         for, not back pressure: ``timeout:`` bounds only the wait for credit after it."""
-        publication = self._publication
-        invoker = publication._client.invoker
+        invoker = self._invoker
         while True:
             delay = bucket.delay_ns(time.monotonic_ns(), messages, length)
             if not delay:
                 return 0
             if self.spec.refuse:
                 return _BACK_PRESSURED
-            if publication.is_closed or publication._client.is_closed:
+            if self._closed():
                 return _CLOSED
             if invoker is not None:
                 # An embedded driver works only while its application calls it: a paced loop
@@ -314,13 +323,12 @@ class OfferPolicy:
 
     def _count_drops(self, messages: int) -> None:
         self.dropped += messages
-        cell = self._publication._drops_cell
+        cell = self._drops_cell
         if cell is not None:
             lib.ss_get_and_add_i64(cell, messages)
 
     def _error(self, code: int, waited_ns: int, appended: int) -> BackPressuredError:
-        publication = self._publication
-        return BackPressuredError(publication.channel, publication.stream_id, str(self.spec),
+        return BackPressuredError(self._channel, self._stream_id, str(self.spec),
                                   waited_ns / 1e9, connected=code != _NOT_CONNECTED,
                                   appended=appended)
 

@@ -27,7 +27,7 @@ import operator
 import sys
 from array import array
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from slipstream.client import _fastpath, control
 from slipstream.client._native import ffi, lib
@@ -43,6 +43,8 @@ from slipstream.client.logbuffer import (
     index_by_position,
     new_appender,
 )
+from slipstream.client.messages import Buffer
+from slipstream.client.owner import ResourceOwner
 from slipstream.client.policy import (
     BLOCK_SPIN_NS,
     BLOCK_YIELD_NS,
@@ -50,14 +52,9 @@ from slipstream.client.policy import (
     OfferPolicy,
 )
 
-if TYPE_CHECKING:
-    from slipstream.client.client import Client
-
 _fastpath.set_errors(MessageTooLongError, InvalidArgumentError)
 log = logging.getLogger("slipstream.client")
 
-Buffer = bytes | bytearray | memoryview
-"""Anything exposing the buffer protocol (numpy arrays too); ``collections.abc.Buffer`` is 3.12+."""
 
 
 class OfferCall(Protocol):
@@ -233,12 +230,13 @@ def _int32_lengths(lengths: Sequence[int] | Buffer) -> array | memoryview:
 class Publication:
     """A handle on a stream for offering messages.  Create with ``Client.add_publication``."""
 
-    def __init__(self, client: Client, channel: str, stream_id: int, registration_id: int,
+    def __init__(self, client: ResourceOwner, channel: str, stream_id: int, registration_id: int,
                  log: LogBuffer, limit_counter_id: int, doorbell_fd: int = -1, *,
                  policy: PolicySpec | None = None, drops_counter_id: int | None = None,
                  durable_counter_ids: tuple[int, int] | None = None) -> None:
-        """``doorbell_fd``: for a network stream, the driver sender's doorbell (rung on new
-        data while the sender is parked); -1 for IPC.  ``policy``: what an offer does without
+        """``client``: the client conductor that made it.  ``doorbell_fd``: for a network
+        stream, the driver sender's doorbell (rung on new data while the sender is parked);
+        -1 for IPC.  ``policy``: what an offer does without
         credit (None: Aeron's codes); ``drops_counter_id``: the stream's ``pub-drops``;
         ``durable_counter_ids``: with ``durable=``, its ``pub-durable`` and ``durable-rcv``."""
         self.channel = channel
@@ -304,7 +302,10 @@ class Publication:
                 address, appender, -1 if spins is None else spins,
                 yield_ns=IDLE_YIELD_NS, park_ns=0 if embedded else IDLE_PARK_NS).offer
         else:
-            self._policy = OfferPolicy(policy, self, self._attempt)
+            self._policy = OfferPolicy(
+                policy, self._attempt, self._offer_batch_once, channel=channel,
+                stream_id=stream_id, appender=appender, drops_cell=self._drops_cell,
+                invoker=client.invoker, closed=lambda: self.is_closed or client.is_closed)
             if policy.name == "rate-limit":
                 self.offer = self._policy.offer
             else:
@@ -366,7 +367,7 @@ class Publication:
         :class:`DriverNotRunningError` when the driver is lost.  Cancellable by the loop's own
         means (trio's cancel scopes, asyncio's ``Task.cancel()``: nothing is appended then).
         See :mod:`slipstream.client.aio`."""
-        from slipstream.client import aio
+        from slipstream.client import aio  # anyio, asyncio: ~20 ms, paid only by who awaits
 
         if timeout is not None:  # None is the policy's; a number is a finite wait
             timeout = control.check_timeout("timeout", timeout, forever=False)
@@ -528,7 +529,7 @@ class Publication:
     async def wait_durable_async(self, position: int, timeout_s: float) -> bool:
         """:meth:`wait_durable` from a trio or asyncio task, without blocking the event loop
         (the park runs in a worker thread, in slices; cancelling the task ends it at once)."""
-        from slipstream.client import aio
+        from slipstream.client import aio  # anyio, asyncio: ~20 ms, paid only by who awaits
 
         position = control.check_int64("position", position)
         timeout_s = control.check_timeout("timeout_s", timeout_s, forever=False)
@@ -591,7 +592,7 @@ class Publication:
             return
         self._released = True
         self._mark_closed()
-        self._client._release_publication(self)
+        self._client.release_publication(self.registration_id, self._unmap)
 
     def add_destination(self, endpoint_channel: str) -> None:
         """Send this stream to ``endpoint_channel`` (``aeron:udp?endpoint=HOST:PORT``) too:
@@ -600,12 +601,12 @@ class Publication:
         belong to the channel's send endpoint, so every publication of the same channel sends
         to them.  Returns once the driver added it; ChannelRejectedError names the part it
         refused (another control mode, a destination it has, a host that does not resolve)."""
-        self._client._destination_request(control.ADD_DESTINATION, self, endpoint_channel)
+        self._client.destination_request(control.ADD_DESTINATION, self, endpoint_channel)
 
     def remove_destination(self, endpoint_channel: str) -> None:
         """Stop sending to ``endpoint_channel``, a destination :meth:`add_destination` added
         (ChannelRejectedError if it is not one)."""
-        self._client._destination_request(control.REMOVE_DESTINATION, self, endpoint_channel)
+        self._client.destination_request(control.REMOVE_DESTINATION, self, endpoint_channel)
 
     def _unmap(self) -> None:
         self._log.close()
@@ -641,7 +642,7 @@ class ExclusivePublication(Publication):
     the parent's log).
     """
 
-    def __init__(self, client: Client, channel: str, stream_id: int, registration_id: int,
+    def __init__(self, client: ResourceOwner, channel: str, stream_id: int, registration_id: int,
                  log: LogBuffer, limit_counter_id: int, doorbell_fd: int = -1, *,
                  policy: PolicySpec | None = None, drops_counter_id: int | None = None,
                  durable_counter_ids: tuple[int, int] | None = None) -> None:

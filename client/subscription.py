@@ -19,7 +19,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from slipstream.client import control
 from slipstream.client._native import ffi, lib
@@ -29,9 +29,7 @@ from slipstream.client.idle import progress as idle_progress
 from slipstream.client.image import Image  # users import Image from here too
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.client.messages import ControlledFragmentHandler, FragmentHandler, MessageBatch
-
-if TYPE_CHECKING:
-    from slipstream.client.client import Client
+from slipstream.client.owner import ResourceOwner
 
 log = logging.getLogger("slipstream.client")
 # A parked receive re-checks its images at least this often.  Image changes wake it at once
@@ -50,9 +48,10 @@ def _check_fragment_limit(fragment_limit: int) -> None:
 class Subscription:
     """Receives a stream: ``poll`` (non-blocking), ``receive`` (waits), ``poll_batch``."""
 
-    def __init__(self, client: Client, channel: str, stream_id: int, registration_id: int,
+    def __init__(self, client: ResourceOwner, channel: str, stream_id: int, registration_id: int,
                  on_available_image: Callable[[Image], object] | None = None,
                  on_unavailable_image: Callable[[Image], object] | None = None) -> None:
+        """``client``: the client conductor that makes it (Client.add_subscription)."""
         self.channel = channel
         self.stream_id = stream_id
         self.registration_id = registration_id
@@ -89,12 +88,17 @@ class Subscription:
                      join_position=join_position, correlation_id=correlation_id,
                      source_identity=source_identity, channel_key=channel_key,
                      subscription=self,
-                     doorbell_fd=self._client._doorbell_fd(self.channel, doorbell))
+                     doorbell_fd=self._client.doorbell_fd(self.channel, doorbell))
 
     @property
     def images(self) -> tuple[Image, ...]:
         """The images currently available (an immutable snapshot)."""
         return self._images
+
+    def image_by_session_id(self, session_id: int) -> Image | None:
+        """The available image of session ``session_id`` (None: none now; Aeron's
+        ``Subscription.imageBySessionId``)."""
+        return next((image for image in self._images if image.session_id == session_id), None)
 
     @property
     def is_connected(self) -> bool:
@@ -116,7 +120,7 @@ class Subscription:
         ChannelRejectedError names the part it refused (another control mode, a destination
         it has, another key, a host that does not resolve, a 17th destination),
         ResourceError when the port cannot be bound."""
-        self._client._destination_request(control.ADD_RCV_DESTINATION, self, endpoint_channel)
+        self._client.destination_request(control.ADD_RCV_DESTINATION, self, endpoint_channel)
 
     def remove_destination(self, endpoint_channel: str) -> None:
         """Stop receiving on ``endpoint_channel``, a destination :meth:`add_destination`
@@ -125,7 +129,7 @@ class Subscription:
         stops reading the socket and closes it (and mds-destinations follows) at its next
         duty cycle.  Adding the same destination again at once takes that socket back, so
         its port is never found in use."""
-        self._client._destination_request(control.REMOVE_RCV_DESTINATION, self,
+        self._client.destination_request(control.REMOVE_RCV_DESTINATION, self,
                                           endpoint_channel)
 
     def poll(self, handler: FragmentHandler, fragment_limit: int = 10) -> int:
@@ -269,7 +273,7 @@ class Subscription:
         Returns the messages handled, 0 on timeout or once the subscription is closed; raises
         :class:`DriverNotRunningError` once the driver is lost.  See
         :mod:`slipstream.client.aio`."""
-        from slipstream.client import aio
+        from slipstream.client import aio  # anyio, asyncio: ~20 ms, paid only by who awaits
 
         _check_fragment_limit(fragment_limit)
         return await aio.receive(self, handler, fragment_limit,
@@ -283,7 +287,7 @@ class Subscription:
         loop of this subscription: until that loop has yielded them, ``poll``, ``poll_batch``,
         ``receive`` and ``receive_async`` raise :class:`UsageError` rather than read past
         them."""
-        from slipstream.client import aio
+        from slipstream.client import aio  # anyio, asyncio: ~20 ms, paid only by who awaits
 
         _check_fragment_limit(fragment_limit)
         return aio.messages(self, fragment_limit)
@@ -440,7 +444,7 @@ class Subscription:
             self._before_read_due = True
         # Its images' logs are unmapped after the client's resource linger, not here: close()
         # may come from any thread (an image handler too) while a poll runs in C.
-        self._client._release_subscription(self)
+        self._client.release_subscription(self.registration_id, self.release_gone_images)
 
     def __enter__(self) -> Subscription:
         return self

@@ -6,12 +6,14 @@ driver in invoker mode (:mod:`slipstream.daemon.embedded`)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import zmq
 
 from slipstream.client import control
@@ -25,6 +27,7 @@ from slipstream.daemon.conductor.network import NetworkConductor
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.directory import DriverDirectory
 from slipstream.daemon.media import names
+from slipstream.daemon.media.names import NameCache, NameResolver, ResolveNames
 from slipstream.daemon.media.udp import UdpTransports
 
 log = logging.getLogger("slipstream.driver")
@@ -53,10 +56,24 @@ class ConductorPacing:
         return min(ACTIVE_CYCLE_S * (1 << min(self.idle_cycles, 10)), IDLE_PARK_MAX_S)
 
 
+@attrs.frozen(eq=False)
+class _AwaitingNames:
+    """A command whose channel names ``hosts`` with no fresh answer: handled once the
+    resolver answers, refused at ``deadline_s`` (monotonic) if it has not."""
+
+    key: bytes
+    message: dict[str, Any]
+    channel: Channel
+    hosts: tuple[str, ...]
+    deadline_s: float
+
+
 class _DriverCore:
     """What every driver does between its command socket, its conductor and its counters,
     whoever runs it: the trio shell of a driver process (:class:`_DriverShell`) or an embedded
-    driver in invoker mode (:class:`EmbeddedDriver`)."""
+    driver in invoker mode (:class:`EmbeddedDriver`).  Its methods run on the conductor's
+    thread; host names are resolved by :attr:`resolver`'s threads
+    (:mod:`slipstream.daemon.media.names`), whose answers :meth:`_take_names` takes."""
 
     def __init__(self, settings: DriverSettings) -> None:
         self.settings = settings
@@ -105,10 +122,18 @@ class _DriverCore:
         self._opened.append("counters")
         for name in (control.SENDER_DOORBELL, control.RECEIVER_DOORBELL):
             self.doorbells.append(open_doorbell(str(directory.path / name), shared_mode))
+        #: The resolver's answers (the conductor thread's), and the resolver, which wakes the
+        #: conductor's thread when it answered.
+        self.name_cache = NameCache()
+        self.resolver = NameResolver(wake_conductor)
+        self._requests = itertools.count(1)
+        self._awaiting_names: dict[int, _AwaitingNames] = {}  # by ResolveNames.request
+        self._resolving_again: dict[int, str] = {}  # the host, by ResolveNames.request
         self.conductor = DriverConductor(
             self.settings, self.driver_directory.path, counters,
             transports=UdpTransports(self.settings, counters),
-            wake_network=wake_network, wake_conductor=wake_conductor, image_logs=image_logs)
+            wake_network=wake_network, wake_conductor=wake_conductor, image_logs=image_logs,
+            name_cache=self.name_cache)
         self._opened.append("conductor")
         assert self.conductor.network is not None
         return self.conductor.network
@@ -167,9 +192,11 @@ class _DriverCore:
                 self._send(self.conductor.on_malformed(key, e))
                 continue
             channel = _channel_of(message)
-            if channel is not None and names.needs_prefetch(channel):
-                self._command_after_names(key, message, channel)
-                continue
+            if channel is not None:
+                hosts = self.name_cache.unresolved(channel, time.monotonic())
+                if hosts:
+                    self._await_names(key, message, channel, hosts)
+                    continue
             self._handle_command(key, message)
         if handled:
             self._commands_handled()
@@ -181,16 +208,65 @@ class _DriverCore:
         the subclasses)."""
         raise NotImplementedError
 
-    def _command_after_names(self, key: bytes, message: dict[str, Any],
-                             channel: Channel) -> None:
-        """A command whose channel names hosts: resolve them first (see the subclasses)."""
-        raise NotImplementedError
+    def _await_names(self, key: bytes, message: dict[str, Any], channel: Channel,
+                     hosts: list[str]) -> None:
+        """A command whose channel names ``hosts`` with no fresh answer: the resolver is
+        asked for them, and the command waits (:meth:`_take_names`) while every other is
+        served."""
+        request = next(self._requests)
+        deadline_s = time.monotonic() + names.PREFETCH_TIMEOUT_S
+        self._awaiting_names[request] = _AwaitingNames(key, message, channel, tuple(hosts),
+                                                       deadline_s)
+        self.resolver.submit(ResolveNames(request, tuple(hosts)))
+        self._names_deadline(deadline_s)
+
+    def _names_deadline(self, deadline_s: float) -> None:
+        """A command waits for names until ``deadline_s`` (monotonic): the runner makes sure
+        :meth:`_take_names` runs by then (see the subclasses)."""
 
     def _resolve_again(self, hosts: list[str]) -> None:
         """Host names of channels whose peers went silent (:meth:`DriverConductor.names_due`):
-        resolve them off the conductor's loop, then hand the answers to
-        :meth:`DriverConductor.on_names_resolved` on its thread (see the subclasses)."""
-        raise NotImplementedError
+        the resolver is asked for each on its own (a slow one delays no other's answer), and
+        :meth:`_take_names` hands the answers to :meth:`DriverConductor.on_names_resolved`."""
+        for host in hosts:
+            request = next(self._requests)
+            self._resolving_again[request] = host
+            self.resolver.submit(ResolveNames(request, (host,), again=True))
+
+    def _take_names(self) -> int:
+        """The resolver's answers: each command waiting for its names is handled now, each
+        name resolved again goes to the conductor; a command whose names did not come within
+        :data:`~slipstream.daemon.media.names.PREFETCH_TIMEOUT_S` is refused, naming them.
+        Returns how many of these it handled."""
+        if self._told_clients:
+            return 0
+        work = 0
+        now_s = time.monotonic()
+        for resolved in self.resolver.answered():
+            work += 1
+            host = self._resolving_again.pop(resolved.request, None)
+            if host is not None:
+                self.name_cache.store(resolved.answers, now_s, remember_failures=False)
+                self.conductor.on_names_resolved(
+                    [host], {name: answer.address for name, answer in resolved.answers.items()})
+                continue
+            # Kept even when its command was refused meanwhile: the next one finds it.
+            self.name_cache.store(resolved.answers, now_s)
+            waiting = self._awaiting_names.pop(resolved.request, None)
+            if waiting is not None:
+                self._handle_command(waiting.key, waiting.message)
+        for request, waiting in list(self._awaiting_names.items()):
+            if now_s >= waiting.deadline_s:
+                del self._awaiting_names[request]
+                work += 1
+                self._send(self.conductor.on_unresolved(
+                    waiting.key, waiting.message,
+                    f"{waiting.channel}: the resolver did not answer for "
+                    f"{', '.join(waiting.hosts)} within {names.PREFETCH_TIMEOUT_S:g} s"))
+        if work:
+            self._commands_handled()
+            self._process_commands()  # the sends may have taken the socket's edge
+        return work
 
     def _handle_command(self, key: bytes, message: dict[str, Any]) -> None:
         started = time.monotonic_ns()

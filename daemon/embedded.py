@@ -13,7 +13,6 @@ import os
 import select
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,6 @@ import zmq
 
 from slipstream.client import control
 from slipstream.client._native import lib
-from slipstream.client.channel import Channel
 from slipstream.client.counters import SystemCounter
 from slipstream.client.errors import ClosedError, UsageError
 from slipstream.daemon._network import lib as network_lib
@@ -30,7 +28,6 @@ from slipstream.daemon.agents.thread import new_duty_loop
 from slipstream.daemon.conductor.image_logs import LogMaking
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.core import ACTIVE_CYCLE_S, ConductorPacing, _DriverCore
-from slipstream.daemon.media import names
 from slipstream.daemon.reports.error_log import ErrorLogHandler
 
 log = logging.getLogger("slipstream.driver")
@@ -60,7 +57,8 @@ class EmbeddedDriver(_DriverCore):
     It is a whole driver: the same directory, counters, conductor, agents and wire protocol as
     the daemon's, and other processes of the host may attach to its directory, as long as the
     application keeps calling :meth:`do_work` (its heartbeat stops otherwise, and they time
-    it out).  Host names in a channel are resolved in the caller's thread.  Make it with
+    it out).  Host names in a channel are resolved on threads the driver starts: a command
+    that names one waits for the answer while the calls serve every other.  Make it with
     :meth:`MediaDriver.embedded`; :meth:`close` removes what it made (a normal exit of the
     process that made it does too, if the application did not).
     """
@@ -81,9 +79,6 @@ class EmbeddedDriver(_DriverCore):
         self._next_command_safety_check_ns = 0
         self._command_poll = select.poll()
         self._conductor_deadline_ns = 0  # its next_deadline_ns() when it last ran
-        #: Names resolved again off the caller's thread (_resolve_again), and their answers.
-        self._resolved: deque[tuple[list[str], dict[str, str | None]]] = deque()
-        self._resolvers = threading.BoundedSemaphore(names.RESOLVER_THREADS)
         #: When the Python side is next due without news (0: at the next call): the command
         #: check, the conductor's cycle and its deadline, whichever is first.
         self._python_due_ns = 0
@@ -217,9 +212,7 @@ class EmbeddedDriver(_DriverCore):
                 self._next_command_safety_check_ns = now + COMMAND_SAFETY_CHECK_NS
                 work += self._process_commands()
         conductor = self.conductor
-        while self._resolved:  # names resolved again, on the resolver's thread
-            hosts, answers = self._resolved.popleft()
-            conductor.on_names_resolved(hosts, answers)
+        work += self._take_names()  # the resolver's answers, and commands waiting too long
         if (self._conductor_due or now >= self._next_conductor_ns
                 or now >= self._conductor_deadline_ns):
             self._conductor_due = False
@@ -264,38 +257,6 @@ class EmbeddedDriver(_DriverCore):
         if waiting != self._conductor_waiting:
             lib.ss_get_and_add_i32(self.counters.driver_waiters, 1 if waiting else -1)
             self._conductor_waiting = waiting
-
-    def _resolve_again(self, hosts: list[str]) -> None:
-        """A thread for each name (at most names.RESOLVER_THREADS resolving at once: the
-        others wait for one to finish), so that a slow one delays no other's answer; the
-        next :meth:`do_work` hands each answer over."""
-        def resolve(host: str) -> None:
-            answers: dict[str, str | None] = {}
-            try:
-                with self._resolvers:
-                    answers = names.resolve_again([host])
-            finally:  # the conductor hears it is done, answers or not
-                self._resolved.append(([host], answers))
-                self._python_due_ns = 0
-
-        for host in hosts:
-            threading.Thread(target=resolve, args=(host,), name="ss-resolve",
-                             daemon=True).start()
-
-    def _command_after_names(self, key: bytes, message: dict[str, Any],
-                             channel: Channel) -> None:
-        """Resolve in a thread, waiting at most the daemon's PREFETCH_TIMEOUT_S (the
-        caller's thread waits: an embedded driver has no other)."""
-        hosts = [host for _, host in names.names_of(channel)]
-        resolver = threading.Thread(target=names.resolve, args=(hosts,), daemon=True)
-        resolver.start()
-        resolver.join(names.PREFETCH_TIMEOUT_S)
-        if resolver.is_alive():
-            self._send(self.conductor.on_unresolved(
-                key, message, f"{channel}: the resolver did not answer for "
-                              f"{', '.join(hosts)} within {names.PREFETCH_TIMEOUT_S:g} s"))
-        else:
-            self._handle_command(key, message)
 
     def close(self, *, timeout: float | None = None) -> None:
         """Drain (:meth:`_drain`: up to ``drain_timeout``, and with ``timeout`` at most that

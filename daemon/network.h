@@ -379,18 +379,23 @@ typedef struct {
     int64_t sm_count;             /* out: SMs taken here (Python zeroes it with the receiver) */
     int64_t *status_messages_received; /* system counter */
     int64_t connection_timeout_ns;
-    /* Heartbeats sent by the C half while Python sets heartbeat_in_c (a socket, connected
-     * once, not at its end of stream): a DATA header with frame length 0 at snd-pos, flags
-     * BEGIN|END, once nothing went out for SS_HEARTBEAT_TIMEOUT_NS (time_of_last_send_ns). */
+    /* Heartbeats, sent by the C half alone (through the endpoint's send, a socket's or the
+     * simulator's) while Python sets heartbeat_in_c (connected once, not DONE): a DATA
+     * header with frame length 0 at snd-pos, flags BEGIN|END (and EOS, unless the channel
+     * says eos=false, once Python sets end_of_stream: a closed publication that sent all),
+     * once nothing went out for SS_HEARTBEAT_TIMEOUT_NS (time_of_last_send_ns). */
     int32_t heartbeat_in_c;
+    int32_t end_of_stream;
+    int32_t signal_eos;
+    int64_t eos_heartbeats_sent;  /* out: those sent since end_of_stream */
     int64_t *heartbeats_sent;     /* system counter */
     /* pub-lmt, moved by the C half while Python sets limit_in_c (active, connected, taking
      * offers, no credit stop): once snd-pos reached pub-lmt's next step (last_publisher_limit
      * + trip_gain - term_window_length; trip_gain is Aeron's window / 8), or while cleaning
      * is behind, the log is cleaned a
      * chunk toward one term behind snd-pos and pub-lmt goes to min(snd-pos + term_window,
-     * what cleaning allows).  The Python half's pub-lmt rule reads and writes the same
-     * fields (last_publisher_limit, the cleaner). */
+     * what cleaning allows): ss_publication_limit_step, which the Python half runs
+     * otherwise. */
     int32_t limit_in_c;
     int64_t *publisher_limit;     /* the pub-lmt cell */
     int64_t last_publisher_limit;
@@ -457,6 +462,18 @@ int64_t ss_retransmit_credit(ss_send_publication_t *p, int64_t now_ns);
  * after the caller's last store to snd-pos (a full fence) against the conductor's lowering of
  * spy_hold: either the hold is seen here, or the conductor sees this snd-pos after it. */
 int64_t ss_publication_consumer_position(const ss_send_publication_t *p);
+/* pub-lmt's rule, one step of it: clean a chunk toward one term behind the consumer position
+ * (ss_publication_consumer_position), then raise pub-lmt to min(that position + the term
+ * window, what cleaning allows, limit_cap) once that is a step (trip_gain) above
+ * last_publisher_limit.  limit_cap: SS_NO_DEADLINE for none, the drain's credit stop, or a
+ * value below every position (offers refused: the cleaning alone).  The C half runs it while
+ * limit_in_c, the Python half otherwise.  Returns the work done (chunks cleaned, a step). */
+int32_t ss_publication_limit_step(ss_send_publication_t *p, int64_t limit_cap);
+/* The heartbeat rule of p, its one copy (the duty cycle runs it for every publication, with
+ * a socket or the simulator's virtual send): while heartbeat_in_c, once nothing went out for
+ * SS_HEARTBEAT_TIMEOUT_NS, a heartbeat at snd-pos (EOS-flagged: see end_of_stream) through
+ * the endpoint's send.  Returns 1 when one was sent. */
+int32_t ss_publication_heartbeat(ss_send_publication_t *p, int64_t now_ns);
 /* The slowest spy's position, each bounded by `bound` (ss_subscriber_position_bounded);
  * `bound` when there is none. */
 int64_t ss_publication_slowest_spy(const ss_send_publication_t *p, int64_t bound);
@@ -639,7 +656,8 @@ typedef struct {
      * runs it on data past a gap and when a gap's timer is due, without the Python half. */
     int32_t rebuild_in_c;
     ss_loss_detector_t *loss;     /* the image's detector (Python's LossDetector.c) */
-    int64_t nak_first_delay_ns;   /* the static delay generator's */
+    int64_t nak_first_delay_ns;   /* the delays drawn ahead (LossDetector): the static
+                                   * generator's, or the Python half's draw for its pass */
     int64_t nak_retry_delay_ns;
     int64_t loss_deadline_ns;     /* out: the earliest gap timer after the last C pass */
     uint8_t *loss_entry;          /* the image's loss report entry (NULL: none): C passes
@@ -697,10 +715,41 @@ typedef struct {
 
 /* The rebuild pass (docs/DRIVER.md §4.4, aeron_publication_image_track_rebuild): scan from
  * max(rcv-pos, the furthest subscriber) to rcv-hwm, move rcv-pos over every complete frame,
- * and NAK each gap whose timer is due (queued, then sent through control_fd when there is
- * one).  For an image with rebuild_in_c, from the C half or the Python half alike; clears
- * `dirty`.  Returns the NAKs queued. */
+ * keep the gaps' timers (nak_first_delay_ns, nak_retry_delay_ns), record the gaps seen first
+ * in loss_entry, and queue a NAK for each gap whose timer is due (naks, up to
+ * SS_LOSS_GAPS_MAX in all); the detector's fresh_count and due_count say what the pass saw.
+ * Clears `dirty`.  Returns the NAKs queued.  The one copy of the rule: the Python half runs
+ * it for the images it rebuilds (and sends, or for reliable=false pads, what it queued). */
+int32_t ss_image_track_rebuild(ss_image_t *image, int64_t now_ns);
+/* ss_image_track_rebuild, then the queued NAKs sent through control_fd when there is one: the
+ * pass of an image with rebuild_in_c, from the C half or the Python half alike. */
 int32_t ss_image_rebuild(ss_image_t *image, int64_t now_ns);
+
+/* The status-message rules, their one copy (the C half runs them while sm_in_c, the Python
+ * half each pass): the position of the SM due now given the slowest subscriber's position
+ * `slowest`, or -1 for none.  At `slowest` by the 25 % rule (past sm_position + a quarter of
+ * sm_window) or the catch-up rule (a tagged image); at max(slowest, sm_position) by the timer
+ * (sm_deadline_ns) or a window that changed (ss_image_allowed_window at sm_position is no
+ * longer sm_window). */
+int64_t ss_image_status_message_due(const ss_image_t *image, int64_t slowest, int64_t now_ns);
+/* An SM at `position` goes now: sm_position, sm_window (ss_image_allowed_window there), the
+ * timer's and the catch-up rule's next times, last_sm_position, the over-run threshold (half
+ * a term past it, never past reusable_limit) and sm_due_position follow. */
+void ss_image_status_message_taken(ss_image_t *image, int64_t position, int64_t now_ns);
+/* The window the image may advertise at `position` (bytes): `window`, never inviting data
+ * into a partition that cleaning has not reached (reusable_limit). */
+int64_t ss_image_allowed_window(const ss_image_t *image, int64_t position);
+
+/* The image's liveness timer, its one copy: when no packet for liveness_timeout_ns ends an
+ * INIT or ACTIVE image (ns).  The C half makes the Python half due then (while it keeps the
+ * timer, with its status messages); the Python half moves the state at it. */
+int64_t ss_image_liveness_deadline(const ss_image_t *image);
+
+/* Cleaning behind the slowest subscriber (at `slowest`), its one copy: a chunk toward one
+ * term behind it (ss_clean_toward), then reusable_limit and clean_due_position that follow.
+ * The C half runs it with its status messages (from clean_due_position), the Python half
+ * otherwise (each pass).  Returns what ss_clean_toward returned. */
+int32_t ss_image_clean(ss_image_t *image, int64_t slowest);
 
 /* NAK-strength (daemon/flow/rate_control.py): data above the image's first gap counts in its
  * fill only once that gap's timer fired this many times (NAKed, and NAKed again after each of

@@ -290,10 +290,11 @@ static void send_naks(ss_image_t *image, int64_t now_ns) {
     image->nak_count = kept;
 }
 
-int32_t ss_image_rebuild(ss_image_t *image, int64_t now_ns) {
+int32_t ss_image_track_rebuild(ss_image_t *image, int64_t now_ns) {
     ss_loss_detector_t *d = image->loss;
     image->dirty = 0; /* before the scan: data that lands during it makes the next pass due */
     if (d == NULL) return 0;
+    d->fresh_count = d->due_count = 0; /* a pass that scans nothing saw no gap */
     const int64_t hwm = LOAD_ACQ(image->receiver_hwm);
     const int64_t term_length = image->term_length;
     const int64_t mask = term_length - 1;
@@ -343,6 +344,11 @@ int32_t ss_image_rebuild(ss_image_t *image, int64_t now_ns) {
         ss_publish_position(image->receiver_position, image->receiver_position_counter, rcv_pos);
     if (rcv_pos > image->contiguous_position) image->contiguous_position = rcv_pos;
     image->loss_deadline_ns = ss_loss_next_deadline(d);
+    return queued;
+}
+
+int32_t ss_image_rebuild(ss_image_t *image, int64_t now_ns) {
+    const int32_t queued = ss_image_track_rebuild(image, now_ns);
     if (queued) send_naks(image, now_ns);
     return queued;
 }
@@ -376,11 +382,31 @@ static inline int catch_up_due(const ss_image_t *image, int64_t slowest, int64_t
     return slowest >= catch_up_position(image) && now_ns >= image->sm_catch_up_ns;
 }
 
-/* The 25 % rule's status message, at the slowest subscriber's position: scheduled here, and
- * sent through the image's socket (else left to the Python half: sm_unsent). */
-static int64_t allowed_window(const ss_image_t *image, int64_t position);
+/* The window the image may advertise at `position`: its own, never inviting data into a
+ * partition that cleaning has not reached. */
+static int64_t allowed_window(const ss_image_t *image, int64_t position) {
+    int64_t window = image->reusable_limit - position;
+    if (window > image->window) window = image->window;
+    return window < 0 ? 0 : window;
+}
 
-static void send_status_message(ss_image_t *image, int64_t position, int64_t now_ns) {
+int64_t ss_image_allowed_window(const ss_image_t *image, int64_t position) {
+    return allowed_window(image, position);
+}
+
+int64_t ss_image_status_message_due(const ss_image_t *image, int64_t slowest, int64_t now_ns) {
+    if (slowest > image->sm_position + (image->sm_window >> 2) ||
+        catch_up_due(image, slowest, now_ns))
+        return slowest;
+    /* The timer's, or a window that changed: at what the subscribers consumed by now (§4.6),
+     * never behind. */
+    if (now_ns >= image->sm_deadline_ns ||
+        allowed_window(image, image->sm_position) != image->sm_window)
+        return slowest > image->sm_position ? slowest : image->sm_position;
+    return -1;
+}
+
+void ss_image_status_message_taken(ss_image_t *image, int64_t position, int64_t now_ns) {
     const int64_t window = allowed_window(image, position);
     image->sm_position = position;
     image->sm_window = (int32_t)window;
@@ -390,6 +416,13 @@ static void send_status_message(ss_image_t *image, int64_t position, int64_t now
     const int64_t overrun = position + image->term_length / 2;
     image->overrun_threshold = overrun < image->reusable_limit ? overrun : image->reusable_limit;
     image->sm_due_position = position + (window >> 2) + 1;
+}
+
+/* A status message at `position` (ss_image_status_message_due's), sent through the image's
+ * socket (else left to the Python half: sm_unsent). */
+static void send_status_message(ss_image_t *image, int64_t position, int64_t now_ns) {
+    ss_image_status_message_taken(image, position, now_ns);
+    const int64_t window = image->sm_window;
     ss_receiver_counters_t *counters = image->counters;
     if (!ss_receive_channel_can_send(image)) {
         image->sm_unsent = 1;
@@ -421,21 +454,17 @@ static void send_status_message(ss_image_t *image, int64_t position, int64_t now
     }
 }
 
-/* The window the image may advertise at `position`: its own, never inviting data into a
- * partition that cleaning has not reached. */
-static int64_t allowed_window(const ss_image_t *image, int64_t position) {
-    int64_t window = image->reusable_limit - position;
-    if (window > image->window) window = image->window;
-    return window < 0 ? 0 : window;
+int64_t ss_image_liveness_deadline(const ss_image_t *image) {
+    return image->time_of_last_packet_ns + image->liveness_timeout_ns;
 }
 
-/* Cleaning, once the slowest subscriber reached clean_due_position: a chunk toward one term
- * behind it, then the limits that follow from it. */
-static void clean_image(ss_image_t *image, int64_t slowest) {
+int32_t ss_image_clean(ss_image_t *image, int64_t slowest) {
     ss_log_cleaner_t *cleaner = image->cleaner;
-    ss_clean_toward(cleaner, image->log, image->term_length, image->position_bits, slowest);
+    const int32_t cleaned =
+        ss_clean_toward(cleaner, image->log, image->term_length, image->position_bits, slowest);
     image->reusable_limit = ss_reusable_limit(cleaner, image->term_length);
     image->clean_due_position = ss_clean_due_position(cleaner, image->term_length);
+    return cleaned;
 }
 
 /* The C half's status messages and cleaning: the slowest subscriber reached the 25 % rule's
@@ -447,58 +476,50 @@ static int32_t status_messages(ss_agent_t *a, int64_t now_ns) {
         if (!sends_status_messages(image)) continue;
         const int64_t slowest = min_subscriber_position(image);
         if (image->cleaner != NULL && slowest >= image->clean_due_position) {
-            clean_image(image, slowest);
+            ss_image_clean(image, slowest);
             work++;
-            if (!image->sm_unsent &&
-                allowed_window(image, image->sm_position) != image->sm_window) {
-                send_status_message(image, slowest > image->sm_position ? slowest
-                                                                         : image->sm_position,
-                                    now_ns);
-                continue;
-            }
         }
         if (image->sm_unsent) continue;
-        if (slowest >= image->sm_due_position || catch_up_due(image, slowest, now_ns)) {
-            send_status_message(image, slowest, now_ns);
-            work++;
-        } else if (now_ns >= image->sm_deadline_ns) {
-            /* The timer's: at what the subscribers consumed by now (§4.6), never behind. */
-            send_status_message(image, slowest > image->sm_position ? slowest : image->sm_position,
-                                now_ns);
+        const int64_t position = ss_image_status_message_due(image, slowest, now_ns);
+        if (position >= 0) {
+            send_status_message(image, position, now_ns);
             work++;
         }
     }
     return work;
 }
 
-/* The heartbeats of the publications that send them here (heartbeat_in_c). */
+int32_t ss_publication_heartbeat(ss_send_publication_t *p, int64_t now_ns) {
+    if (!p->heartbeat_in_c || now_ns - p->time_of_last_send_ns < SS_HEARTBEAT_TIMEOUT_NS)
+        return 0;
+    const int64_t position = LOAD_ACQ(p->sender_position);
+    const int32_t term_count = (int32_t)(position >> p->position_bits);
+    const int32_t term_id = (int32_t)((uint32_t)p->initial_term_id + (uint32_t)term_count);
+    const int32_t term_offset = (int32_t)(position & (p->term_length - 1));
+    uint8_t frame[SS_HEADER_LENGTH];
+    memset(frame, 0, sizeof frame); /* the reserved value too */
+    /* DATA of frame length 0: a heartbeat */
+    const int eos = p->end_of_stream && p->signal_eos;
+    put_control_header(frame, 0, SS_BEGIN_FLAG | SS_END_FLAG | (eos ? SS_EOS_FLAG : 0),
+                       SS_HDR_TYPE_DATA);
+    memcpy(frame + SS_TERM_OFFSET_FIELD, &term_offset, 4);
+    memcpy(frame + SS_SESSION_ID_FIELD, &p->session_id, 4);
+    memcpy(frame + SS_STREAM_ID_FIELD, &p->stream_id, 4);
+    memcpy(frame + SS_TERM_ID_FIELD, &term_id, 4);
+    /* Through the endpoint's send as the data goes, counted there. */
+    const int32_t result = ss_send_channel_send_frame(p, frame, sizeof frame, NULL, 0);
+    p->time_of_last_send_ns = now_ns; /* the next in a timeout, whatever became of this */
+    if (p->end_of_stream) p->eos_heartbeats_sent++;
+    if (result < 0) return 0;
+    count(p->heartbeats_sent, 1);
+    return 1;
+}
+
+/* The heartbeats of every publication (ss_publication_heartbeat). */
 static int32_t heartbeats(ss_agent_t *a, int64_t now_ns) {
     int32_t sent = 0;
-    for (int32_t i = 0; i < a->publication_count; i++) {
-        ss_send_publication_t *p = a->publications[i];
-        if (!p->heartbeat_in_c || p->fd < 0 ||
-            now_ns - p->time_of_last_send_ns < SS_HEARTBEAT_TIMEOUT_NS)
-            continue;
-        const int64_t position = LOAD_ACQ(p->sender_position);
-        const int32_t term_count = (int32_t)(position >> p->position_bits);
-        const int32_t term_id = (int32_t)((uint32_t)p->initial_term_id + (uint32_t)term_count);
-        const int32_t term_offset = (int32_t)(position & (p->term_length - 1));
-        uint8_t frame[SS_HEADER_LENGTH];
-        memset(frame, 0, sizeof frame); /* the reserved value too */
-        /* DATA of frame length 0: a heartbeat */
-        put_control_header(frame, 0, SS_BEGIN_FLAG | SS_END_FLAG, SS_HDR_TYPE_DATA);
-        memcpy(frame + SS_TERM_OFFSET_FIELD, &term_offset, 4);
-        memcpy(frame + SS_SESSION_ID_FIELD, &p->session_id, 4);
-        memcpy(frame + SS_STREAM_ID_FIELD, &p->stream_id, 4);
-        memcpy(frame + SS_TERM_ID_FIELD, &term_id, 4);
-        /* Through the endpoint's send as the data goes, counted there. */
-        const int32_t result = ss_send_channel_send_frame(p, frame, sizeof frame, NULL, 0);
-        p->time_of_last_send_ns = now_ns; /* the next in a timeout, whatever became of this */
-        if (result >= 0) {
-            count(p->heartbeats_sent, 1);
-            sent++;
-        }
-    }
+    for (int32_t i = 0; i < a->publication_count; i++)
+        sent += ss_publication_heartbeat(a->publications[i], now_ns);
     return sent;
 }
 
@@ -537,25 +558,28 @@ static inline int limit_step_due(const ss_send_publication_t *p) {
                p->last_publisher_limit + p->trip_gain - p->term_window_length;
 }
 
-/* pub-lmt's steps for the publications whose limit the C half moves (limit_in_c): clean a
- * chunk toward one term behind the consumer position (snd-pos, or a slower spy), then raise
- * pub-lmt to that position + the term window, never past what cleaning allows, once that is a
- * step (trip_gain) above the last. */
+int32_t ss_publication_limit_step(ss_send_publication_t *p, int64_t limit_cap) {
+    const int64_t position = ss_publication_consumer_position(p);
+    int32_t work = ss_clean_toward(p->cleaner, p->log, p->term_length, p->position_bits, position);
+    int64_t limit = position + p->term_window_length;
+    const int64_t reusable = ss_reusable_limit(p->cleaner, p->term_length);
+    if (reusable < limit) limit = reusable;
+    if (limit_cap < limit) limit = limit_cap;
+    if (limit >= p->last_publisher_limit + p->trip_gain) {
+        p->last_publisher_limit = limit;
+        ss_publish_limit(p->publisher_limit, limit, p->meta);
+        work++;
+    }
+    return work;
+}
+
+/* pub-lmt's steps for the publications whose limit the C half moves (limit_in_c), with no
+ * cap: they take offers and their credit is not stopped. */
 static int32_t publisher_limits(ss_agent_t *a) {
     int32_t work = 0;
     for (int32_t i = 0; i < a->publication_count; i++) {
         ss_send_publication_t *p = a->publications[i];
-        if (!limit_step_due(p)) continue;
-        const int64_t position = ss_publication_consumer_position(p);
-        work += ss_clean_toward(p->cleaner, p->log, p->term_length, p->position_bits, position);
-        int64_t limit = position + p->term_window_length;
-        const int64_t reusable = ss_reusable_limit(p->cleaner, p->term_length);
-        if (reusable < limit) limit = reusable;
-        if (limit >= p->last_publisher_limit + p->trip_gain) {
-            p->last_publisher_limit = limit;
-            ss_publish_limit(p->publisher_limit, limit, p->meta);
-            work++;
-        }
+        if (limit_step_due(p)) work += ss_publication_limit_step(p, SS_NO_DEADLINE);
     }
     return work;
 }
@@ -566,8 +590,7 @@ int64_t ss_agent_c_deadline(const ss_agent_t *a) {
         const ss_send_publication_t *p = a->publications[i];
         if (p->limit_in_c && p->cleaner != NULL && p->cleaner->position < p->cleaner->target)
             return 0; /* cleaning is behind: the next cycle goes on with it */
-        if (p->heartbeat_in_c && p->fd >= 0 &&
-            p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS < deadline)
+        if (p->heartbeat_in_c && p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS < deadline)
             deadline = p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS;
         if (p->sm_in_c && p->sm_time_ns + p->connection_timeout_ns + 1 < deadline)
             deadline = p->sm_time_ns + p->connection_timeout_ns + 1; /* its receiver's liveness */
@@ -584,8 +607,8 @@ int64_t ss_agent_c_deadline(const ss_agent_t *a) {
         if (!sends_status_messages(image)) continue;
         if (!image->sm_unsent && image->sm_deadline_ns < deadline)
             deadline = image->sm_deadline_ns;
-        if (image->time_of_last_packet_ns + image->liveness_timeout_ns < deadline)
-            deadline = image->time_of_last_packet_ns + image->liveness_timeout_ns;
+        if (ss_image_liveness_deadline(image) < deadline)
+            deadline = ss_image_liveness_deadline(image);
     }
     return deadline;
 }
@@ -640,7 +663,7 @@ static int image_needs_python(const ss_image_t *image, int64_t now_ns) {
     if (image->nak_count > 0 || image->sm_unsent) return 1;
     /* Sums, not differences: ss_agent_python_due is asked at now = -INT64_MAX too. */
     if (sends_status_messages(image) &&
-        now_ns >= image->time_of_last_packet_ns + image->liveness_timeout_ns)
+        now_ns >= ss_image_liveness_deadline(image))
         return 1;
     if (image->dirty && (image->python_on_data || image->eos_position >= 0 ||
                          (LOAD_ACQ(image->receiver_hwm) > image->contiguous_position &&

@@ -32,14 +32,12 @@ import trio
 import zmq
 
 from slipstream.client._native import lib
-from slipstream.client.channel import Channel
 from slipstream.client.counters import SystemCounter
 from slipstream.client.errors import DriverError
 from slipstream.daemon.agents.thread import MAX_PARK_S, NetworkThread
 from slipstream.daemon.conductor.image_logs import LogMaking
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.core import ACTIVE_CYCLE_S, ConductorPacing, _DriverCore
-from slipstream.daemon.media import names
 from slipstream.daemon.ops.systemd import Notifier, Watchdog, park_bound_s, watchdog_interval_ns
 from slipstream.daemon.pressure.governor import recent_lag_ns
 from slipstream.daemon.reports.error_log import ErrorLogHandler
@@ -72,8 +70,6 @@ class _DriverShell(_DriverCore):
 
     async def _serve(self, task_status: Any) -> None:
         token = trio.lowlevel.current_trio_token()
-        #: The threads that resolve names again (_resolve_again), at most this many at once.
-        self._resolvers = trio.CapacityLimiter(names.RESOLVER_THREADS)
         threads: list[NetworkThread] = []
         network = self._open(wake_network=lambda: [thread.wake() for thread in threads],
                              wake_conductor=lambda: self._wake_from_thread(token),
@@ -227,36 +223,13 @@ class _DriverShell(_DriverCore):
     def _commands_handled(self) -> None:
         self._wake.set()  # resources changed: let the duty cycle look at once
 
-    def _command_after_names(self, key: bytes, message: dict[str, Any],
-                             channel: Channel) -> None:
-        # Its host names resolve in a thread first: never a blocked loop.
-        self._nursery.start_soon(self._resolve_then_handle, key, message, channel)
+    def _names_deadline(self, deadline_s: float) -> None:
+        self._nursery.start_soon(self._wake_at, deadline_s)
 
-    async def _resolve_then_handle(self, key: bytes, message: dict[str, Any],
-                                   channel: Channel) -> None:
-        hosts = [host for _, host in names.names_of(channel)]
-        with trio.move_on_after(names.PREFETCH_TIMEOUT_S) as waited:
-            await trio.to_thread.run_sync(names.resolve, hosts, abandon_on_cancel=True)
-        if waited.cancelled_caught:
-            self._send(self.conductor.on_unresolved(
-                key, message, f"{channel}: the resolver did not answer for "
-                              f"{', '.join(hosts)} within {names.PREFETCH_TIMEOUT_S:g} s"))
-        else:
-            self._handle_command(key, message)
-        self._wake.set()
-        self._process_commands()  # the sends may have taken the socket's edge
-
-    def _resolve_again(self, hosts: list[str]) -> None:
-        for host in hosts:  # each on its own: a slow one delays no other's answer
-            self._nursery.start_soon(self._resolve_again_then_apply, host)
-
-    async def _resolve_again_then_apply(self, host: str) -> None:
-        # However long the resolver takes: the conductor asks for this name again only once
-        # it answered, and its loop goes on meanwhile.  At most names.RESOLVER_THREADS at once.
-        answers = await trio.to_thread.run_sync(names.resolve_again, [host],
-                                                abandon_on_cancel=True,
-                                                limiter=self._resolvers)
-        self.conductor.on_names_resolved([host], answers)
+    async def _wake_at(self, deadline_s: float) -> None:
+        """A duty cycle at ``deadline_s`` (monotonic): a command still waiting for its names
+        is refused then (:meth:`_take_names`)."""
+        await trio.sleep(max(0.0, deadline_s - time.monotonic()))
         self._wake.set()
 
     async def _command_loop(self) -> None:
@@ -297,6 +270,7 @@ class _DriverShell(_DriverCore):
             # consumed), so this cycle sees them; news during the cycle (a command handled
             # after one of its sends) ends the wait below at once.
             self._process_commands()
+            self._take_names()
             self._wake = trio.Event()
             started = time.monotonic_ns()
             # The governor's lag is the data path's: the network threads' own timer lateness.

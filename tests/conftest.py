@@ -158,6 +158,7 @@ MODULE_LANES = {
     "test_archive_catalog_reads": "sockets",
     "test_archive_replay": "sockets",
     "test_archive_calls": "sockets",
+    "test_archive_settings": "sockets",
     "test_archive_calls_hosts": "hosts",
     "test_archive_merge": "sockets",
     "test_recording_view": "sockets",

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -63,14 +63,17 @@ def write_config(path: Path, archive_dir: Path, driver_dir: Path,
 
 
 @contextmanager
-def archive_process(config: Path, log_path: Path, prefix: Sequence[str] = ()
+def archive_process(config: Path | None, log_path: Path, prefix: Sequence[str] = (),
+                    args: Sequence[str] = (), env: Mapping[str, str] | None = None
                     ) -> Iterator[subprocess.Popen[bytes]]:
-    """``slipstream-archive run --config``, a real process (run through ``prefix``: a test
-    host's, ``Host.prefix()``), stopped (SIGKILL) if a test left it running."""
+    """``slipstream-archive run --config`` (none when ``config`` is None) with ``args``, a
+    real process (run through ``prefix``: a test host's, ``Host.prefix()``; in ``env``),
+    stopped (SIGKILL) if a test left it running."""
     with open(log_path, "ab") as log_file:
         process = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "slipstream.archive.cli", "run", "--config",
-             str(config)], stdout=log_file, stderr=subprocess.STDOUT)
+            [*prefix, sys.executable, "-m", "slipstream.archive.cli", "run",
+             *(("--config", str(config)) if config is not None else ()), *args],
+            stdout=log_file, stderr=subprocess.STDOUT, env=env)
     try:
         yield process
     finally:
@@ -352,7 +355,7 @@ def test_the_subscriber_position_never_passes_what_the_recording_made_durable(
     deadlock."""
     settings = ArchiveSettings(
         dir=tmp_path / "archive", driver_dir=Path(driver.directory), segment_length=SEGMENT,
-        sync=SyncPolicy(sync), sync_interval_ns=50_000_000, block_length=4096,
+        sync=SyncPolicy(sync), sync_interval=50_000_000, block_length=4096,
         records=(RecordSpec("aeron:ipc", 50),))
     counters = CountersFile(Path(driver.directory) / COUNTERS_FILE, writable=False)
     service = ArchiveService(settings)

@@ -285,7 +285,7 @@ def test_an_archive_restricted_to_subnets_answers_no_call_from_outside_and_count
     ({"control_keys": {"k1": 8012, "k2": 8012}}, "control_keys", "two keys on one port"),
     ({"control_keys": {"k1": 8010}}, "control_keys", "control_port"),
     ({"control_subnets": "10.0.0.1/8"}, "control_subnets", "not a subnet"),
-    ({"control_keyz": {}}, "control_keyz", "unknown key"),
+    ({"control_keyz": {}}, "control_keyz", "unknown setting; did you mean 'control_keys'"),
     ({"peers": ["10.0.0.2:8012|key=k1"], "control_keys": {"k1": 8012}}, "replication_port",
      "port 8012, one of this archive's control ports"),
     ({"peers": ["10.0.0.2:8012|kee=k1"]}, "peers", "only key=NAME"),

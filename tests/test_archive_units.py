@@ -36,7 +36,12 @@ from slipstream.archive.segments import (
     WRITE_BEHIND_DEPTH,
     WriteBehind,
 )
-from slipstream.archive.settings import SETTINGS, SyncPolicy
+from slipstream.archive.settings import (
+    SETTINGS,
+    SyncPolicy,
+    format_settings,
+    render_default_config,
+)
 from slipstream.client.layout import (
     DATA_HEADER,
     FRAME_ALIGNMENT,
@@ -322,6 +327,80 @@ def test_the_shipped_settings_file_names_every_key_at_its_default() -> None:
     assert load_settings(ROOT / "config" / "archive.toml") == ArchiveSettings()
 
 
+def test_archive_toml_is_generated_from_the_table() -> None:
+    assert (ROOT / "config" / "archive.toml").read_text() == render_default_config(), (
+        "config/archive.toml is stale: make config")
+
+
+def test_the_environment_outranks_the_file_and_the_command_line_outranks_both(
+        tmp_path: Path) -> None:
+    path = tmp_path / "archive.toml"
+    path.write_text('sync = "segment"\ncontrol_port = 9001\nblock_length = "64k"\n')
+    env = {"SLIPSTREAM_ARCHIVE_CONTROL_PORT": "9002", "SLIPSTREAM_ARCHIVE_BLOCK_LENGTH": "128k",
+           "SLIPSTREAM_ARCHIVE_PEERS": "10.0.0.2:8010,10.0.0.3:9000/12|key=k1",
+           "SLIPSTREAM_ARCHIVE_CONTROL_KEYS": "k1=9010",
+           "SLIPSTREAM_DIR": "/dev/shm/the-clients-not-the-archives"}
+    settings = load_settings(path, env, {"block_length": "256k", "release_after": "30s"})
+    assert (settings.sync, settings.control_port, settings.block_length,
+            settings.release_after) == (SyncPolicy.SEGMENT, 9002, 256 * 1024, 30 * 10**9)
+    assert [str(peer) for peer in settings.peers] == ["10.0.0.2:8010/10",
+                                                      "10.0.0.3:9000/12|key=k1"]
+    assert dict(settings.control_keys) == {"k1": 9010}
+    assert settings.driver_dir is None  # SLIPSTREAM_DIR is the client's, not a setting here
+    assert {key: settings.sources.get(key, "default") for key in
+            ("sync", "control_port", "block_length", "peers", "dir")} == {
+        "sync": "file", "control_port": "env", "block_length": "cli", "peers": "env",
+        "dir": "default"}
+
+
+@pytest.mark.parametrize(("env", "overrides", "key", "where"), [
+    ({"SLIPSTREAM_ARCHIVE_SEGMENT_LENGTH": "96k"}, {}, "segment_length",
+     "from $SLIPSTREAM_ARCHIVE_SEGMENT_LENGTH"),
+    ({"SLIPSTREAM_ARCHIVE_SEGMNT_LENGTH": "1m"}, {}, "SLIPSTREAM_ARCHIVE_SEGMNT_LENGTH",
+     "did you mean SLIPSTREAM_ARCHIVE_SEGMENT_LENGTH?"),
+    ({"SLIPSTREAM_ARCHIVE_CONTROL_KEYS": "k1=8010"}, {}, "control_keys", "control_port's"),
+    ({"SLIPSTREAM_ARCHIVE_PEERS": "10.0.0.2"}, {}, "peers", "is not \"host:port\""),
+    ({}, {"control_port": "70000"}, "control_port", "by override"),
+    ({}, {"sync": "interval", "sync_interval": "0"}, "sync_interval", "by override"),
+    ({}, {"record": "aeron:ipc"}, "record", "is a table"),
+    ({}, {"segmnt_length": "1m"}, "segmnt_length", "did you mean 'segment_length'?"),
+])
+def test_a_bad_setting_from_the_environment_or_command_line_names_its_key_and_where(
+        env: dict[str, str], overrides: dict[str, str], key: str, where: str) -> None:
+    with pytest.raises(ArchiveSettingsError) as raised:
+        load_settings(None, env, overrides)
+    assert raised.value.key == key
+    assert f"archive setting {key!r}" in str(raised.value) and where in str(raised.value)
+
+
+def test_the_archives_variables_are_passed_over_by_the_driver() -> None:
+    """Both read SLIPSTREAM_*: none of the archive's variables is taken by the driver for a
+    misspelling of one of its own keys (which it would refuse)."""
+    from slipstream.daemon.config import load_settings as load_driver_settings
+    env = {f"SLIPSTREAM_ARCHIVE_{key.upper()}": "0" for key in SETTINGS}
+    assert load_driver_settings(env=env) == load_driver_settings(env={})
+
+
+def test_the_resolved_settings_print_as_a_file_that_loads_to_them(tmp_path: Path) -> None:
+    path = tmp_path / "archive.toml"
+    path.write_text(
+        'sync = "interval"\npeers = ["10.0.0.2:8012/10|key=k1"]\n'
+        'control_keys = { k1 = 8012, "k.2" = 8014 }\ncontrol_subnets = "127.0.0.0/8"\n'
+        'replication_port = 8020\nreplication_address = "10.0.0.1"\n'
+        '[[record]]\nchannel = "aeron:ipc"\nstream_id = 7\nretention_max_age = "1h"\n'
+        '[[hold]]\nchannel = "aeron:udp?endpoint=127.0.0.1:40456"\nstream_id = 10\n'
+        'group = "etl"\n')
+    settings = load_settings(path, {"SLIPSTREAM_ARCHIVE_DRIVER_DIR": "/dev/shm/d"},
+                             {"dir": str(tmp_path / "a")})
+    text = format_settings(settings)
+    assert 'driver_dir = "/dev/shm/d"  # env' in text and 'sync = "interval"  # file' in text
+    printed = tmp_path / "printed.toml"
+    printed.write_text(text)
+    assert load_settings(printed, {}) == settings
+    assert settings.records[0].retention_max_age_ns == 3600 * 10**9
+    assert settings.holds[0].group == "etl"
+
+
 def test_peers_are_read_with_their_control_stream_defaulting_to_10(tmp_path: Path) -> None:
     path = tmp_path / "archive.toml"
     path.write_text('peers = ["10.0.0.2:8010", "10.0.0.3:9000/12", "Archive-B.Archive:8010"]'
@@ -352,9 +431,10 @@ def test_peers_are_read_with_their_control_stream_defaulting_to_10(tmp_path: Pat
     ('[[record]]\nchannel = "aeron:ipc"\nstream_id = 1\nstreamid = 2', "record.streamid"),
     ('control_address = "localhost:8010"', "control_address"),
     ('control_port = 70000', "control_port"),
-    ('control_port = "8010"', "control_port"),
+    ('control_port = "eighty"', "control_port"),
     ('control_stream_id = 2147483648', "control_stream_id"),
-    ('peers = "10.0.0.2:8010"', "peers"),
+    ('peers = 8010', "peers"),
+    ('peers = "10.0.0.2:8010,10.0.0.3"', "peers"),
     ('peers = ["archive b:8010"]', "peers"),
     ('peers = ["[::1]:8010"]', "peers"),
     ('peers = ["10.0.0.2"]', "peers"),

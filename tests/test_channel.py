@@ -459,7 +459,8 @@ def test_a_name_with_an_ipv4_and_an_ipv6_address_resolves_to_the_ipv4_one(monkey
     assert resolve_host("dual.test") == "127.0.0.1"
     assert resolve_host("six.test") == "::1"
     channel = parse_channel("aeron:udp?endpoint=224.0.1.1:40456|interface=dual.test")
-    names.resolve(["dual.test"])
-    assert names.lookup(channel, "interface", "dual.test") == "127.0.0.1"
+    cache = names.NameCache()
+    cache.store(names.resolve(["dual.test"]), now_s=0.0)
+    assert cache.lookup(channel, "interface", "dual.test") == "127.0.0.1"
     assert str(parse_channel("aeron:udp?endpoint=dual.test:40456").endpoint_address()) == (
         "127.0.0.1")

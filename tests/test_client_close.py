@@ -17,6 +17,8 @@ import pytest
 from helpers import wait_for
 
 from slipstream.client import Client, ClosedError
+from slipstream.client import conductor as conductor_module
+from slipstream.client.conductor import ClientConductor
 from slipstream.client.publication import Publication
 
 SLIPSTREAM = [sys.executable, "-m", "slipstream.daemon.cli"]
@@ -97,7 +99,7 @@ def test_a_client_closed_from_its_own_image_handler_ends_its_threads_and_leaves(
     assert client.is_closed and subscription.is_closed
     wait_for(lambda: keeper not in _keepalive_threads(), what="the keepalive thread's end",
              timeout=1)
-    assert client._socket.closed  # the socket is let go, not left to the collector
+    assert client._conductor._socket.closed  # the socket is let go, not left to the collector
     # The driver let the client go (CLOSE_CLIENT), not only after its liveness timeout.
     stat = subprocess.run([*SLIPSTREAM, "stat", "--dir", str(driver.directory), "--once"],
                           capture_output=True, text=True, timeout=30)
@@ -120,19 +122,20 @@ def test_a_client_closed_from_a_handler_its_own_request_runs_ends_without_waitin
 
     client.add_subscription("aeron:ipc", 24, on_available_image=close_on_image)
     with Client.connect(driver.directory) as other:
-        with client._lock:  # the conductor thread cannot take the image event: a request will
+        # The conductor thread cannot take the image event: a request will
+        with client._conductor._lock:
             other.add_publication("aeron:ipc", 24)
             time.sleep(0.2)  # the event waits in the client's socket
             started = time.monotonic()
             with pytest.raises(ClosedError):
                 client.add_subscription("aeron:ipc", 25)
             assert time.monotonic() - started < 1.5  # not the conductor thread's 2 s join
-            assert not client._socket.closed  # left to the thread, which needs the lock
+            assert not client._conductor._socket.closed  # left to the thread, which needs the lock
         assert ran_on == [threading.current_thread()]
         wait_for(lambda: not [t for t in threading.enumerate()
                               if t.name == f"slipstream-client-{client.client_id}"],
                  what="the conductor thread's end", timeout=2)
-    assert client._socket.closed
+    assert client._conductor._socket.closed
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
     wait_for(lambda: keeper not in _keepalive_threads(), what="the keepalive thread's end",
              timeout=1)
@@ -162,21 +165,21 @@ def test_a_conductor_thread_that_first_runs_after_close_leaves_no_pipe_open(
         driver, monkeypatch, no_thread_errors) -> None:
     """Its first step finds the client closed: the pipe's read end, which it would have
     closed as it ended, is closed all the same."""
-    original_run = Client._run_conductor
+    original_run = ClientConductor._run_conductor
 
-    def late_run(self: Client) -> None:
+    def late_run(self: ClientConductor) -> None:
         deadline = time.monotonic() + 5
         while not self._closed and time.monotonic() < deadline:
             time.sleep(0.001)
         original_run(self)
 
-    monkeypatch.setattr(Client, "_run_conductor", late_run)
+    monkeypatch.setattr(ClientConductor, "_run_conductor", late_run)
     client = Client.connect(driver.directory)
-    pipe = os.readlink(f"/proc/self/fd/{client._notices}")
+    pipe = os.readlink(f"/proc/self/fd/{client._conductor._notices}")
     client.close()
     wait_for(lambda: pipe not in _open_fds().values(), what="the pipe's read end closed",
              timeout=3)
-    assert client._socket.closed
+    assert client._conductor._socket.closed
 
 
 def test_a_second_close_returns_only_once_the_first_has_closed_the_client(
@@ -196,7 +199,8 @@ def test_a_second_close_returns_only_once_the_first_has_closed_the_client(
     first.start()
     assert closing.wait(5)
     client.close()
-    assert client._closed and not client._thread.is_alive()  # all of close() had run
+    conductor = client._conductor
+    assert conductor._closed and not conductor._thread.is_alive()  # all of close() had run
     first.join(5)
 
 
@@ -205,28 +209,26 @@ def test_an_interrupt_as_connect_starts_its_thread_leaves_no_thread_or_fd(
         driver, monkeypatch, no_thread_errors, thread_first: bool) -> None:
     """Ctrl-C right after the conductor thread started, whether or not it ran yet: each pipe
     end is closed once (by the thread, or by connect() if the thread never took charge)."""
-    from slipstream.client import client as client_module
-
     Client.connect(driver.directory).close()  # zmq's context and its fds exist from here on
     threads_before = set(threading.enumerate())
     keepers_before = _keepalive_threads()
-    original_start, original_run = threading.Thread.start, Client._run_conductor
-    made: list[Client] = []
+    original_start, original_run = threading.Thread.start, ClientConductor._run_conductor
+    made: list[ClientConductor] = []
     pipes: set[str] = set()
 
     def start_then_interrupt(thread: threading.Thread) -> None:
         if not thread.name.startswith("slipstream-client-"):
             return original_start(thread)
-        client = thread._target.__self__  # type: ignore[attr-defined]
-        made.append(client)
+        conductor = thread._target.__self__  # type: ignore[attr-defined]
+        made.append(conductor)
         pipes.update(os.readlink(f"/proc/self/fd/{fd}")
-                     for fd in (client._notices, client._notices_in))
+                     for fd in (conductor._notices, conductor._notices_in))
         original_start(thread)
-        while thread_first and client._thread_stage != client_module._THREAD_RUNNING:
+        while thread_first and conductor._thread_stage != conductor_module._THREAD_RUNNING:
             time.sleep(0.001)
         raise KeyboardInterrupt
 
-    def run_late(self: Client) -> None:  # its first step comes after connect() gave up
+    def run_late(self: ClientConductor) -> None:  # its first step comes after connect() gave up
         deadline = time.monotonic() + 5
         while not thread_first and not self._closed and time.monotonic() < deadline:
             time.sleep(0.001)
@@ -234,19 +236,19 @@ def test_an_interrupt_as_connect_starts_its_thread_leaves_no_thread_or_fd(
 
     with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt):
         patch.setattr(threading.Thread, "start", start_then_interrupt)
-        patch.setattr(Client, "_run_conductor", run_late)
+        patch.setattr(ClientConductor, "_run_conductor", run_late)
         Client.connect(driver.directory)
-    [client] = made
+    [conductor] = made
     wait_for(lambda: set(threading.enumerate()) <= threads_before | {
         t for t in threading.enumerate() if isinstance(t, threading.Timer)},
         what="the conductor thread's end", timeout=3)
-    assert client._thread_stage == (client_module._THREAD_ENDED if thread_first
-                                    else client_module._THREAD_SKIPPED)
+    assert conductor._thread_stage == (conductor_module._THREAD_ENDED if thread_first
+                                       else conductor_module._THREAD_SKIPPED)
     wait_for(lambda: not _keepalive_threads() - keepers_before,
              what="the keepalive thread's end", timeout=1)
     wait_for(lambda: not pipes & set(_open_fds().values()), what="the pipe's ends closed",
              timeout=3)
-    assert client._socket.closed
+    assert conductor._socket.closed
 
 
 def test_a_close_that_is_interrupted_still_ends_the_clients_threads(driver,

@@ -319,7 +319,8 @@ def test_removing_another_clients_counter_is_refused(driver: MediaDriver, client
     with client.add_counter(1100, "mine") as counter, \
             Client.connect(driver.directory) as other:
         with pytest.raises(RegistrationError) as refused:
-            other._request({"type": control.REMOVE_COUNTER,
-                            "registration_id": counter.registration_id})
+            conductor = other._conductor
+            conductor._request(control.REMOVE_COUNTER, lambda: conductor._proxy.remove(
+                control.REMOVE_COUNTER, counter.registration_id))
         assert refused.value.code == control.ERR_UNKNOWN_COUNTER
         assert reader.holds(counter.counter_id, counter.registration_id)

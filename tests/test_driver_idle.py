@@ -54,7 +54,7 @@ def test_a_calm_driver_wakes_only_for_its_conductor_cycles(driver_dir: Path) -> 
     cycles only (the command loop keeps no timer of its own), the thread that watches the
     clients' futex sleeps until one rings, and the client's conductor thread until the driver
     tells it something (or its safety net, every EVENTS_SAFETY_NET_S)."""
-    from slipstream.client.client import EVENTS_SAFETY_NET_S
+    from slipstream.client.conductor import EVENTS_SAFETY_NET_S
 
     with MediaDriver.launch(directory=driver_dir) as driver, Client.connect(driver_dir) as client:
         publication = client.add_publication("aeron:ipc", 12)
@@ -63,7 +63,7 @@ def test_a_calm_driver_wakes_only_for_its_conductor_cycles(driver_dir: Path) -> 
         time.sleep(1.0)
         watched = [(driver.pid, driver.pid),
                    (driver.pid, _thread_named(driver.pid, "ss-driver-futex")),
-                   (os.getpid(), client._thread.native_id)]
+                   (os.getpid(), client._conductor._thread.native_id)]
         before = [_voluntary_switches(*thread) for thread in watched]
         cycles_before = counters_of(driver)["CONDUCTOR_CYCLES"]
         time.sleep(4.0)

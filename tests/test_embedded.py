@@ -769,7 +769,6 @@ def test_a_subscription_its_client_stopped_waiting_for_is_released_when_it_comes
         return resolve_host(host)
 
     monkeypatch.setattr(names, "resolve_host", slow)
-    monkeypatch.setattr(names, "_cache", {})  # no answer kept from an earlier test
     stop = threading.Event()
 
     def pump() -> None:  # the driver's duty cycle on a thread of its own
@@ -812,7 +811,6 @@ def test_an_embedded_driver_follows_a_silent_endpoints_name_without_blocking_its
         return resolve_host(host)
 
     monkeypatch.setattr(names, "resolve_host", moving)
-    monkeypatch.setattr(names, "_cache", {})
     driver = embedded(name_re_resolution_interval="200ms")
     port = free_port()
     with Client.connect(driver.directory, invoker=driver.do_work) as client:
@@ -850,7 +848,6 @@ def test_an_embedded_drivers_names_due_together_answer_each_on_its_own(
         return resolve_host(host)
 
     monkeypatch.setattr(names, "resolve_host", lookup)
-    monkeypatch.setattr(names, "_cache", {})
     driver = embedded(name_re_resolution_interval="200ms", publication_connection_timeout="1s")
     port, stuck_port = free_port(), free_port()
     with Client.connect(driver.directory, invoker=driver.do_work) as client:

@@ -590,7 +590,7 @@ def test_the_holder_command_names_the_archive_settings_that_replace_it(tmp_path:
     settings = load_settings(config)
     assert (settings.control_port, settings.control_address) == (40999, "0.0.0.0")
     assert settings.holds == (HoldSpec(CHANNEL, STREAM, "spark"),)
-    assert settings.release_after_ns == 30 * 10**9
+    assert settings.release_after == 30 * 10**9
     assert settings.driver_dir == Path(missing)
     run = subprocess.run([str(Path(sys.executable).parent / "slipstream-archive"), "run",
                           "--config", str(config)], capture_output=True, text=True,

@@ -62,7 +62,7 @@ def test_the_time_a_command_takes_counts_in_the_conductors_max_cycle_time(
     # command, outside the duty cycle, and must show in the counter operators read (the driver
     # records it before it answers).  The driver's share of the add is the request's round
     # trip; the client then maps and populates the log itself (3x as long on AMD EPYC).
-    request = client._request
+    request = client._conductor._request
     waited: list[float] = []
 
     def timed_request(*args, **kwargs):
@@ -72,7 +72,7 @@ def test_the_time_a_command_takes_counts_in_the_conductors_max_cycle_time(
         finally:
             waited.append(time.monotonic() - started)
 
-    monkeypatch.setattr(client, "_request", timed_request)
+    monkeypatch.setattr(client._conductor, "_request", timed_request)
     publication = client.add_publication(CHANNEL + "?term-length=64m", 1018)
     longest = read_system_counters(driver.directory)[SystemCounter.CONDUCTOR_MAX_CYCLE_TIME_NS]
     publication.close()
@@ -352,9 +352,9 @@ def test_an_image_kept_after_its_subscription_closed_reads_nothing_and_never_cra
 
 _CLOSE_IN_HANDLER = """
 import sys, time
-import slipstream.client.client as client_module
+import slipstream.client.conductor as conductor_module
 from slipstream.client import Client
-client_module.RESOURCE_LINGER_S = 0.1  # the counters are unmapped while the handler sleeps
+conductor_module.RESOURCE_LINGER_S = 0.1  # the counters are unmapped while the handler sleeps
 directory, size = sys.argv[1], int(sys.argv[2])
 client = Client.connect(directory)
 publication = client.add_publication("aeron:ipc", 61)
@@ -472,3 +472,17 @@ def test_a_handler_that_keeps_its_arguments_keeps_each_messages_own(client: Clie
     assert [bytes(k.args[0]) for k in kept] == messages
     assert len({id(k.args) for k in kept}) == len(messages)
     assert {id(k.args[1]) for k in kept} == {id(kept[0].args[1])}
+
+
+def test_a_subscription_finds_its_image_by_session_id(client: Client) -> None:
+    """Two exclusive publications of one stream are two sessions: each image is found by its
+    session id, and a session that has no image finds none."""
+    subscription = client.add_subscription(CHANNEL, 71)
+    first = client.add_exclusive_publication(CHANNEL, 71)
+    second = client.add_exclusive_publication(CHANNEL, 71)
+    wait_for(lambda: len(subscription.images) == 2, what="both images")
+    for publication in (first, second):
+        image = subscription.image_by_session_id(publication.session_id)
+        assert image is not None and image.session_id == publication.session_id
+    unknown = next(s for s in range(1, 4) if s not in (first.session_id, second.session_id))
+    assert subscription.image_by_session_id(unknown) is None

@@ -5,6 +5,7 @@ is below the whole daemon and imports none of it."""
 from __future__ import annotations
 
 import ast
+import graphlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -101,3 +102,32 @@ def test_the_archive_is_a_client_of_the_driver_and_nothing_more() -> None:
                   for line, module in _imports(path)
                   if module.startswith("slipstream.archive")]
     assert not offending, "\n".join(offending)
+
+
+def _client_module(path: Path) -> str:
+    relative = path.relative_to(ROOT).with_suffix("")
+    parts = ["slipstream", *relative.parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_the_client_librarys_modules_import_each_other_without_a_cycle() -> None:
+    """Lazy imports and those under ``TYPE_CHECKING`` count too: a cycle held apart by them
+    is still one.  ``from slipstream.client import name`` imports the module ``name`` when
+    there is one (the C extensions too, by their stubs), else the package."""
+    modules = {_client_module(path): path for path in (ROOT / "client").rglob("*.py*")}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        imported = graph.setdefault(module, set())
+        if path.suffix == ".pyi":  # a C extension's stub: it imports nothing of the client
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module in modules:
+                imported.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules
+                                else node.module for a in node.names)
+            elif isinstance(node, ast.Import):
+                imported.update(a.name for a in node.names if a.name in modules)
+        imported.discard(module)
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as cycle:
+        raise AssertionError(f"an import cycle: {' -> '.join(cycle.args[1])}") from None

@@ -1,8 +1,10 @@
 """Host names in channels resolve off the driver's loop: a slow resolver delays that one
-command, never the driver's heartbeat (nor its systemd watchdog), and one that does not answer
-in time gets the command refused, naming the host.  A unicast endpoint's name is resolved
-again while its peer is silent, off the loop too, and the endpoint follows a changed address
-(the whole path through the system's resolver: tests/test_re_resolution_hosts.py)."""
+command, never the driver's heartbeat (nor its systemd watchdog) nor another client's commands,
+and one that does not answer in time gets the command refused, naming the host.  The name
+cache and the resolver run on the threads daemon/streams/ownership.py names.  A unicast
+endpoint's name is resolved again while its peer is silent, off the loop too, and the endpoint
+follows a changed address (the whole path through the system's resolver:
+tests/test_re_resolution_hosts.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import dataclasses
 import itertools
 import shutil
 import socket
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -22,22 +25,28 @@ from helpers import FAST_DRIVER_SETTINGS, Collector, free_port, stream, wait_for
 from slipstream.client import ChannelError, ChannelRejectedError, Client, RegistrationError
 from slipstream.client.counters import CountersFile, SystemCounter
 from slipstream.daemon.config import load_settings
+from slipstream.daemon.driver import MediaDriver
 from slipstream.daemon.media import names
 from slipstream.daemon.shell import _DriverShell
+from slipstream.daemon.streams import ownership
 
 
-def _slow_resolver(monkeypatch: pytest.MonkeyPatch, delay_s: float) -> None:
-    """``slow.test`` resolves to 127.0.0.1 after ``delay_s``, as a resolver timing out does."""
+def _slow_resolver(monkeypatch: pytest.MonkeyPatch, delay_s: float) -> threading.Event:
+    """``slow.test`` resolves to 127.0.0.1 after ``delay_s``, as a resolver timing out does
+    (every other name as the system's resolver says); the event is set as its lookup
+    begins."""
     real = socket.getaddrinfo
+    asked = threading.Event()
 
     def getaddrinfo(host: str, *args: Any, **kwargs: Any) -> Any:
         if host == "slow.test":
+            asked.set()
             time.sleep(delay_s)
             return real("127.0.0.1", *args, **kwargs)
         return real(host, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
-    monkeypatch.setattr(names, "_cache", {})
+    return asked
 
 
 @dataclasses.dataclass
@@ -62,7 +71,6 @@ def _moving_names(monkeypatch: pytest.MonkeyPatch, **records: str) -> _Records:
         return real(host, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
-    monkeypatch.setattr(names, "_cache", {})
     return table
 
 
@@ -121,6 +129,127 @@ async def test_a_slow_resolver_delays_the_command_not_the_driver(
     assert gaps and max(gaps) < 700, gaps
 
 
+#: How long ``slow.test`` takes to resolve in the tests of other clients served meanwhile, s:
+#: far longer than a client's add and a hundred IPC messages take.
+SLOW_S = 4.0
+
+
+def _served_meanwhile(directory: Path, asked: threading.Event) -> tuple[bool, float]:
+    """A client adds a subscription at ``slow.test`` from a thread; once the driver asked the
+    resolver for it, another client of the same driver adds an IPC subscription and
+    publication and streams 100 messages.  Returns whether the first client's add was still
+    waiting for its name when the second was done, and how long the first one's add took."""
+    took: list[float] = []
+
+    def add_named() -> None:
+        with Client.connect(directory) as client:
+            started = time.monotonic()
+            client.add_subscription(f"aeron:udp?endpoint=slow.test:{free_port()}", 5)
+            took.append(time.monotonic() - started)
+
+    named = threading.Thread(target=add_named)
+    named.start()
+    try:
+        assert asked.wait(10), "the driver never asked the resolver for slow.test"
+        with Client.connect(directory) as client:
+            collector = Collector(client.add_subscription("aeron:ipc", 6))
+            stream(client.add_publication("aeron:ipc", 6), [collector], 100, lambda _: 64)
+            collector.assert_exactly(100)
+        waiting = named.is_alive()
+    finally:
+        named.join(SLOW_S + 10)
+    assert took, "the named subscription was not added"
+    return waiting, took[0]
+
+
+async def test_a_driver_serves_other_clients_while_a_name_resolves(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    asked = _slow_resolver(monkeypatch, SLOW_S)
+    (waiting, took), _ = await _with_driver(lambda d: _served_meanwhile(d, asked))
+    assert waiting and took >= SLOW_S - 0.5
+
+
+def _embedded_pumped(**settings: str) -> tuple[Any, threading.Thread, threading.Event]:
+    """An embedded driver whose duty cycle a thread of its own runs (its conductor's thread)
+    until the event is set."""
+    directory = Path("/dev/shm") / f"slipstream-test-{uuid.uuid4().hex[:12]}"
+    driver = MediaDriver.embedded(directory, **settings)
+    stop = threading.Event()
+
+    def pump() -> None:
+        while not stop.is_set():
+            if not driver.do_work():
+                time.sleep(0.0005)
+
+    pumping = threading.Thread(target=pump, name="embedded-conductor")
+    pumping.start()
+    return driver, pumping, stop
+
+
+def test_an_embedded_driver_serves_other_clients_while_a_name_resolves(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The embedded driver's conductor runs on its caller's thread: the name is resolved on
+    a thread of the resolver's, and the caller's calls serve every other client meanwhile."""
+    asked = _slow_resolver(monkeypatch, SLOW_S)
+    driver, pumping, stop = _embedded_pumped()
+    try:
+        waiting, took = _served_meanwhile(driver.directory, asked)
+    finally:
+        stop.set()
+        pumping.join(10)
+        driver.close()
+    assert waiting and took >= SLOW_S - 0.5
+
+
+async def test_the_name_cache_and_the_resolver_run_on_the_threads_the_ownership_table_names(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every method of :data:`ownership.NAME_THREADS` is called, while a driver adds a channel
+    by name, serves a second command of the same name from its cache and resolves the name
+    again, only on its owner's thread: the conductor's (the driver shell's trio thread, this
+    test's) or a resolver's (never the conductor's)."""
+    _slow_resolver(monkeypatch, 0.5)
+    calls: dict[str, list[str]] = {}  # the threads that called each, a call each
+
+    def recorded(name: str, function: Any) -> Any:
+        def record(*args: Any, **kwargs: Any) -> Any:
+            calls.setdefault(name, []).append(threading.current_thread().name)
+            return function(*args, **kwargs)
+        return record
+
+    expected: dict[str, str] = {}
+    for owner_name, table in ownership.NAME_THREADS.items():
+        for method, owner in table.items():
+            if owner_name == method:  # a module function
+                expected[method] = owner
+                monkeypatch.setattr(names, method, recorded(method, getattr(names, method)))
+            else:
+                cls = getattr(names, owner_name)
+                expected[f"{owner_name}.{method}"] = owner
+                monkeypatch.setattr(cls, method, recorded(f"{owner_name}.{method}",
+                                                          getattr(cls, method)))
+
+    def add_and_wait(directory: Path) -> None:
+        with Client.connect(directory) as client:
+            port = free_port()
+            client.add_publication(f"aeron:udp?endpoint=slow.test:{port}", 8)  # nobody there
+            client.add_subscription(f"aeron:udp?endpoint=slow.test:{port}", 9)
+            # Silent past its connection timeout: its name is resolved again (the second
+            # command found the first one's answer).
+            wait_for(lambda: len(calls.get("resolve", [])) >= 2, timeout=10,
+                     what="a re-resolution")
+
+    await _with_driver(add_and_wait, name_re_resolution_interval="200ms",
+                       publication_connection_timeout="500ms")
+    conductor = threading.current_thread().name
+    assert set(calls) == set(expected), f"not called: {set(expected) - set(calls)}"
+    for name, owner in expected.items():
+        if owner == ownership.CONDUCTOR:
+            assert set(calls[name]) == {conductor}, (name, set(calls[name]))
+        else:
+            assert owner == ownership.RESOLVER
+            assert conductor not in calls[name], (name, set(calls[name]))
+
+
 async def test_a_resolver_that_does_not_answer_in_time_gets_the_command_refused(
         monkeypatch: pytest.MonkeyPatch) -> None:
     _slow_resolver(monkeypatch, 3.0)
@@ -146,7 +275,6 @@ async def test_a_host_that_does_not_resolve_is_a_channel_error_naming_the_endpoi
         return real(host, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
-    monkeypatch.setattr(names, "_cache", {})
 
     def add(directory: Path) -> tuple[ChannelRejectedError, str]:
         with Client.connect(directory) as client:
@@ -236,6 +364,8 @@ async def test_a_silent_manual_destinations_name_is_followed_and_the_others_lose
     then 127.0.0.2, a subscriber) and to 127.0.0.3 (a subscriber that stays): the named
     destination is resolved again and moved, and the one that stays gets every message."""
     record = _moving_names(monkeypatch, **{"moving.test": "127.0.0.1"})
+    # No answer is reused: each command that names moving.test asks the resolver.
+    monkeypatch.setattr(names, "TTL_S", 0.0)
     port = free_port()
 
     def follow(directory: Path) -> int:
@@ -265,7 +395,6 @@ async def test_a_silent_manual_destinations_name_is_followed_and_the_others_lose
             # Removed by its name, whatever the name resolves to by then (a record changed
             # again while the destination is in contact does not move it).
             record.address["moving.test"] = "127.0.0.9"
-            names._cache.clear()
             publication.remove_destination(f"aeron:udp?endpoint=moving.test:{port}")
             sent += 300
             # The sender applies the removal at its next duty cycle, which the answer does

@@ -6,7 +6,6 @@ agent runs it: :func:`send` is one data send, :func:`cycle` one duty cycle of th
 
 from __future__ import annotations
 
-import socket
 import uuid
 from pathlib import Path
 
@@ -38,7 +37,7 @@ from slipstream.daemon.media import send_point
 from slipstream.daemon.media.destinations import ControlMode, DestinationTable
 from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.protocol.params import PublicationParams
-from slipstream.daemon.protocol.types import LocalCounters
+from slipstream.daemon.protocol.types import Datagram, LocalCounters
 from slipstream.daemon.streams.publication import (
     NetworkPublication,
     PublicationState,
@@ -76,9 +75,33 @@ def send(pub: NetworkPublication, now_ns: int, budget: int = 64) -> list:
     return out
 
 
+class _Port:
+    """A virtual port that keeps what the C half sends through it."""
+
+    def __init__(self) -> None:
+        self.datagrams: list[Datagram] = []
+        self.binding_handle = network_ffi.new_handle(self)
+
+    def put_datagram(self, address, data: bytes) -> None:
+        self.datagrams.append(Datagram(data, address))
+
+
+def heartbeats(pub: NetworkPublication, now_ns: int) -> list:
+    """The C half's heartbeat rule for ``pub`` at ``now_ns``, as the sender agent's duty cycle
+    runs it (the flags of its last pass first): what it sent, through a virtual port."""
+    port = _Port()
+    pub.sync_c_half()
+    send_point.attach_publication(pub, fd=-1, virtual=port)
+    try:
+        network.ss_publication_heartbeat(pub.c, now_ns)
+    finally:
+        send_point.attach_publication(pub, fd=-1)
+    return port.datagrams
+
+
 def cycle(pub: NetworkPublication, now_ns: int) -> list:
-    """One duty cycle of the sender agent for this publication: data, then control."""
-    return send(pub, now_ns) + pub.datagrams_to_send(now_ns)
+    """One duty cycle of the sender agent for this publication: data, control, heartbeats."""
+    return send(pub, now_ns) + pub.datagrams_to_send(now_ns) + heartbeats(pub, now_ns)
 
 
 def sm(offset: int = 0, window: int = 32 * 1024, flags: int = 0, term_id: int = 10):
@@ -100,9 +123,9 @@ def test_setup_until_first_sm(shm: Path) -> None:
     pub.on_frame(sm(), DEST, 150 * MS)
     assert pub.is_connected and log.is_connected
     assert limit[0] == TERM // 2
-    out = frames(pub.datagrams_to_send(150 * MS))
-    assert out == [Heartbeat(0, 5, 6, 10)]
-    assert pub.next_deadline_ns() == 250 * MS
+    out = frames(cycle(pub, 150 * MS))
+    assert out == [Heartbeat(0, 5, 6, 10)]  # the C half's, once the first SM came
+    assert pub.c.time_of_last_send_ns + network.SS_HEARTBEAT_TIMEOUT_NS == 250 * MS
 
 
 def test_multicast_setup_has_group_flag(shm: Path) -> None:
@@ -266,7 +289,7 @@ def test_close_drain_eos_linger_done(shm: Path) -> None:
     assert pub.state is PublicationState.DRAINING
     cycle(pub, 0)
     assert pub.state is PublicationState.LINGER
-    out = frames(pub.datagrams_to_send(100 * MS))
+    out = frames(cycle(pub, 100 * MS))
     assert out == [Heartbeat(160, 5, 6, 10, 0xE0)]
     pub.datagrams_to_send(1000 * MS)
     assert pub.state is PublicationState.DONE
@@ -287,13 +310,11 @@ def test_a_claim_its_publisher_never_commits_is_padded_after_the_unblock_timeout
     assert lib.ss_offer(appender, b"b" * 100, 100) > 0  # 320..480, behind the claim
     cycle(pub, 0)
     assert pub.sender_position == 160
-    t = 0
-    while pub.next_deadline_ns() <= UNBLOCK_NS:  # heartbeats keep the checks running
-        t = max(t + 1, pub.next_deadline_ns())
+    for t in range(100 * MS, UNBLOCK_NS, 100 * MS):  # heartbeats, the log held at the claim
         assert frames(cycle(pub, t)) and pub.sender_position == 160
     assert counters[SystemCounter.UNBLOCKED_PUBLICATIONS] == 0  # not until the timeout passed
     t = pub.next_deadline_ns()
-    assert t <= UNBLOCK_NS + 100 * MS
+    assert t == UNBLOCK_NS + 1  # the blocked-publisher check's timer
     cycle(pub, t)
     out = frames(send(pub, t + 1))
     assert counters[SystemCounter.UNBLOCKED_PUBLICATIONS] == 1
@@ -349,29 +370,28 @@ def test_a_drain_stops_credit_and_is_flushed_only_once_receivers_acknowledge_the
     assert Heartbeat(160, 5, 6, 10, 0xE0) in out and pub.eos_heartbeats_sent == 1
 
 
-def test_the_pass_that_reaches_the_end_of_stream_keeps_the_heartbeat_timer(
-        shm: Path) -> None:
-    """Through a socket the C half sends the heartbeats until the end of stream; the EOS
-    ones are the Python half's, from the pass that reaches LINGER on (its deadline then
-    includes the heartbeat's, though the C half's flag is cleared only after the pass)."""
-    pub, _log, _limit, appender, _ = make(shm)
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        pub.on_frame(sm(), DEST, 0)
-        assert lib.ss_offer(appender, b"a" * 100, 100) > 0
-        cycle(pub, 1 * MS)
-        pub.on_frame(sm(offset=160), DEST, 2 * MS)
-        pub.c.fd = sock.fileno()  # as the send channel's socket: heartbeats go to C
-        pub.sync_c_half()
-        assert pub.c.heartbeat_in_c
-        pub.close(3 * MS)
-        cycle(pub, 4 * MS)  # all sent and acknowledged: LINGER, EOS from here on
-        assert pub.state is PublicationState.LINGER
-        assert pub.next_due_ns <= 1 * MS + 100 * MS  # the last data plus the heartbeat timeout
-        pub.sync_c_half()
-        assert not pub.c.heartbeat_in_c
-        out = frames(pub.datagrams_to_send(101 * MS))
-        assert Heartbeat(160, 5, 6, 10, 0xE0) in out
-        pub.c.fd = -1
+def test_the_heartbeats_are_the_c_halfs_from_the_first_sm_to_done(shm: Path) -> None:
+    """One copy of the rule: the C half sends every heartbeat, through a socket or the
+    simulator's virtual send, the EOS-flagged ones of the end of stream too; the Python half
+    sets the flags after its pass and keeps no heartbeat timer."""
+    pub, _log, _limit, appender, _ = make(shm, publication_linger_timeout="1s")
+    assert frames(cycle(pub, 0)) == [Setup(0, 5, 6, 10, 10, TERM, 1408, 0, 0)]
+    assert not pub.c.heartbeat_in_c  # no SM yet: SETUPs
+    pub.on_frame(sm(), DEST, 1 * MS)
+    assert lib.ss_offer(appender, b"a" * 100, 100) > 0
+    cycle(pub, 1 * MS)
+    assert pub.c.heartbeat_in_c and not pub.c.end_of_stream
+    assert pub.next_deadline_ns() > 101 * MS  # no heartbeat timer of its own
+    assert frames(cycle(pub, 101 * MS)) == [Heartbeat(160, 5, 6, 10)]
+    pub.on_frame(sm(offset=160), DEST, 102 * MS)
+    pub.close(102 * MS)
+    cycle(pub, 102 * MS)  # all sent and acknowledged: LINGER, EOS from here on
+    assert pub.state is PublicationState.LINGER and pub.c.end_of_stream
+    assert frames(cycle(pub, 201 * MS)) == [Heartbeat(160, 5, 6, 10, 0xE0)]
+    assert pub.eos_heartbeats_sent == 1
+    cycle(pub, 1200 * MS)
+    assert pub.state is PublicationState.DONE and not pub.c.heartbeat_in_c
+    assert heartbeats(pub, 1400 * MS) == []
 
 
 def test_a_publication_without_receivers_has_nothing_to_flush(shm: Path) -> None:

@@ -132,6 +132,48 @@ def test_every_rule_names_a_flag_of_its_streams_c_struct() -> None:
         assert rule.default in (ownership.PYTHON, ownership.C)
 
 
+#: What each rule written once left behind in the Python half: text of the copy it had, which
+#: must not come back (the rule's one copy is its C function).
+REMOVED_PYTHON_COPIES = {
+    "ss_publication_limit_step": ("publication.py",
+                                  "self._last_publisher_limit + self._trip_gain:"),
+    "ss_image_track_rebuild": ("image.py", "self.loss_detector.scan("),
+    "ss_publication_heartbeat": ("publication.py", "heartbeat(self.session_id"),
+    "ss_image_clean": ("image.py", "self.cleaner.clean_toward("),
+    "ss_image_status_message_due": ("image.py", "sm_window >> 2"),
+    "ss_image_allowed_window": ("image.py", "self.cleaner.reusable_limit() - position"),
+    "ss_image_liveness_deadline": ("image.py", "time_of_last_packet_ns + self.liveness"),
+}
+
+
+def _c_sources() -> dict[str, str]:
+    return {path.name: path.read_text() for path in (ROOT / "daemon").glob("network*.c")}
+
+
+def test_a_rule_written_once_is_one_c_function_that_both_halves_run() -> None:
+    """The function is the data path's (daemon/network_*.c, which its duty cycle runs, with
+    sockets or the simulator's virtual sends), exported, and where the Python half runs the
+    rule by default it calls the same function: one copy of the rule, whichever half runs
+    it."""
+    header = (ROOT / "daemon" / "network.h").read_text()
+    python = "\n".join(path.read_text() for path in sorted(
+        [*(ROOT / "daemon").rglob("*.py"), *(ROOT / "sim").rglob("*.py")]))
+    sources = _c_sources()
+    once = [rule for rule in ownership.RULES if rule.written_once]
+    assert once, "no rule is written once"
+    for rule in once:
+        name = rule.written_once
+        assert any(re.search(rf"^\w+ \**{name}\(", text, re.M)
+                   for text in sources.values()), f"{name}: not defined in daemon/network_*.c"
+        assert hasattr(network, name) and re.search(rf"\b{name}\(", header), name
+        if rule.default == ownership.PYTHON:
+            assert f"network.{name}(" in python, f"{name}: the Python half does not run it"
+    for name, (module, copy) in REMOVED_PYTHON_COPIES.items():
+        assert hasattr(network, name), name
+        source = (ROOT / "daemon" / "streams" / module).read_text()
+        assert copy not in source, f"{module} has a copy of {name} again"
+
+
 # -- an image ---------------------------------------------------------------------------------
 def _setup(flags: int = 0) -> bytes:
     return Setup(0, 1, 2, 100, 100, TERM, 1408, 0, flags).encode()
@@ -257,20 +299,12 @@ def test_the_python_half_answers_as_the_c_duty_cycle_across_flags_and_what_c_see
 def test_an_image_without_a_loss_detector_gets_the_c_halfs_answer(shm: Path) -> None:
     """The drift: the C half rebuilds only an image with a loss detector (``loss != NULL``),
     which image.py's copy of its rule left out.  It answered that the C half ran the rebuild
-    pass, so neither half would have NAKed the gap; asked, C says no, and the Python half
-    runs the pass and NAKs it."""
-    rc, image, _ = make_image(shm)
+    pass, where the duty cycle did not; asked, C says no, as its duty cycle does."""
+    _, image, _ = make_image(shm)
     c = image.c
     c.loss = network_ffi.NULL
     assert c.rebuild_in_c and old_python_rebuilt_in_c(c)  # the copy said C rebuilds
     assert image._rebuilt_in_c() is False is loop_rebuilds(c)
-    out: list = []
-    image.datagrams_to_send(1, out)
-    rc.on_datagram(_data(1024), SRC, 2)  # a gap of [0, 1024)
-    image.datagrams_to_send(3, out)
-    image.datagrams_to_send(3 + 10 * MS, out)  # past the NAK delay
-    naks = [d for d in out if d.data[6] == 0x02]  # NAK frames
-    assert naks, "the Python half NAKs the gap the C half does not rebuild"
 
 
 def _expected_flags(image: PublicationImage) -> tuple[bool, bool, bool]:
@@ -378,7 +412,7 @@ def test_an_event_within_a_pass_sets_the_rules_set_at_once_and_no_other(
     assert AT_ONCE == {"limit_in_c"}
     pub = make_publication(shm, f"{UNICAST}|priority=-500")
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        pub.c.fd = sock.fileno()  # heartbeats are the C half's through a socket
+        pub.c.fd = sock.fileno()  # as the send channel's socket
         pub.on_frame(StatusMessage(5, 6, 10, 0, 32 * 1024, 99, 0), DEST, 0)
         pub.datagrams_to_send(1)
         pub.sync_c_half()  # the end of the pass

@@ -49,6 +49,7 @@ from slipstream.client.layout import (
 from slipstream.client.logbuffer import LogBuffer, new_appender
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network_lib
+from slipstream.daemon.agents.commands import ClosePublication
 from slipstream.daemon.agents.receiver import ReceiveEndpoint, Receiver
 from slipstream.daemon.agents.sender import SendEndpoint, Sender
 from slipstream.daemon.config import DriverSettings
@@ -571,8 +572,7 @@ def test_unreliable_stream_fills_gap_with_padding(shm: Path) -> None:
 def test_eos_on_close_and_linger(pair: Pair) -> None:
     connect(pair)
     pair.offer(b"last")
-    pair.publication.close(pair.now)
-    assert pair.publication.state is PublicationState.DRAINING
+    pair.sender.enqueue(ClosePublication(pair.publication))  # as the conductor closes it
     pair.run_until(300 * MS)
     assert pair.received == [b"last"]
     eos = [t for t, f in pair.frames("p2r", Heartbeat) if f.is_eos]
@@ -590,7 +590,7 @@ def test_eos_on_close_and_linger(pair: Pair) -> None:
 def test_linger_timeout_without_eos_sm(pair: Pair) -> None:
     connect(pair)
     pair.drop = lambda direction, dg: direction == "r2p"  # the receiver can't answer now
-    pair.publication.close(pair.now)
+    pair.sender.enqueue(ClosePublication(pair.publication))
     pair.run_until(100 * MS)
     assert pair.publication.state is PublicationState.LINGER
     pair.run_until(5200 * MS)

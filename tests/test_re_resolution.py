@@ -9,6 +9,8 @@ from __future__ import annotations
 import attrs
 import pytest
 
+from slipstream.client.channel import parse_channel
+from slipstream.client.errors import ChannelError
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.media import names
 from slipstream.daemon.media.names import NameWatch
@@ -172,14 +174,22 @@ def test_a_failure_to_move_that_comes_after_a_later_move_changes_nothing() -> No
 
 def test_a_failed_re_resolution_is_not_kept_for_channels_added_meanwhile(monkeypatch) -> None:
     """A transient failure while a name is resolved again refuses no channel added after it
-    (the next lookup asks the resolver); a failure of a channel's own lookup is kept for the
-    cache's TTL, as before."""
+    (the next command that names it asks the resolver); a failure of a channel's own lookup
+    is kept for the cache's TTL, and refuses the channel naming the host and why."""
     def unreachable(host: str) -> str:
         raise OSError(f"{host}: temporary failure in name resolution")
 
     monkeypatch.setattr(names, "resolve_host", unreachable)
-    monkeypatch.setattr(names, "_cache", {})
-    assert names.resolve_again(["peer.test"]) == {"peer.test": None}
-    assert "peer.test" not in names._cache
-    assert names.resolve(["peer.test"]) == {"peer.test": None}
-    assert names._cache["peer.test"][0] is None
+    channel = parse_channel("aeron:udp?endpoint=peer.test:40456")
+    answers = names.resolve(["peer.test"])
+    assert answers["peer.test"].address is None
+    cache = names.NameCache()
+    cache.store(answers, now_s=0.0, remember_failures=False)  # a re-resolution's
+    assert cache.unresolved(channel, 0.0) == ["peer.test"]
+    cache.store(answers, now_s=0.0)  # a channel's own
+    assert cache.unresolved(channel, names.TTL_S) == []
+    assert cache.unresolved(channel, names.TTL_S + 1.0) == ["peer.test"]
+    with pytest.raises(ChannelError) as refused:
+        cache.lookup(channel, "endpoint", "peer.test")
+    assert refused.value.part == "endpoint"
+    assert "peer.test" in refused.value.problem and "temporary failure" in refused.value.problem

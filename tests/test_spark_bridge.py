@@ -197,7 +197,8 @@ def test_a_workers_cached_client_cut_off_by_a_driver_restart_is_closed_not_leake
             assert runtime.client_for(str(driver_dir)) is not old_client
             time.sleep(RESOURCE_LINGER_S + 0.5)
             assert old_publication._log.closed
-            assert old_client._thread is not None and not old_client._thread.is_alive()
+            thread = old_client._conductor._thread
+            assert thread is not None and not thread.is_alive()
     finally:
         runtime.close_all()
 

@@ -10,7 +10,8 @@ may touch.
 
 The stream objects' code is grouped the same way: their ``__init__`` sets the fields, and the
 class defines the methods, in sections headed by their owner (``SECTION_HEADINGS``), checked
-against the tables."""
+against the tables; so is the code of the driver's name cache and resolver (``NAME_THREADS``,
+whose owners tests/test_names.py checks as a driver runs)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from slipstream.daemon.media.names import NameCache, NameResolver
 from slipstream.daemon.streams import ownership
 from slipstream.daemon.streams.image import PublicationImage
 from slipstream.daemon.streams.publication import NetworkPublication
@@ -148,8 +150,13 @@ def test_the_check_lets_the_conductor_read_what_is_fixed_or_published() -> None:
     assert violations(source, "example.py") == []
 
 
-@pytest.mark.parametrize(("cls", "table"), [(NetworkPublication, ownership.PUBLICATION_THREADS),
-                                            (PublicationImage, ownership.IMAGE_THREADS)])
+_TABLES_OF_CLASSES = [(NetworkPublication, ownership.PUBLICATION_THREADS),
+                      (PublicationImage, ownership.IMAGE_THREADS),
+                      (NameCache, ownership.NAME_THREADS["NameCache"]),
+                      (NameResolver, ownership.NAME_THREADS["NameResolver"])]
+
+
+@pytest.mark.parametrize(("cls", "table"), _TABLES_OF_CLASSES)
 def test_every_public_field_and_method_has_an_owner(cls: type, table: dict[str, str]) -> None:
     """The table names every public field and method of the class (and nothing else), so
     that a new one is given an owner as it is written."""
@@ -209,8 +216,7 @@ def misplaced(source: str, class_name: str, table: dict[str, str]) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize(("cls", "table"), [(NetworkPublication, ownership.PUBLICATION_THREADS),
-                                            (PublicationImage, ownership.IMAGE_THREADS)])
+@pytest.mark.parametrize(("cls", "table"), _TABLES_OF_CLASSES)
 def test_the_code_groups_fields_and_methods_by_their_owner(cls: type,
                                                            table: dict[str, str]) -> None:
     """The stream object's ``__init__`` sets its fields, and the class defines its methods,

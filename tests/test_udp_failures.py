@@ -505,11 +505,16 @@ def test_what_the_driver_does_not_carry_yet_is_refused_by_name(launch, parameter
 
 
 def test_a_channel_named_by_host_name_is_resolved_once_as_it_is_added(launch) -> None:
+    import time
+
     from slipstream.client.channel import parse_channel
     from slipstream.daemon.conductor.network_records import _resolved
+    from slipstream.daemon.media import names
 
     named = parse_channel("aeron:udp?endpoint=localhost:40123|term-length=64k")
-    resolved = _resolved(named, lambda: [])  # no interface=: the host's addresses unasked
+    cache = names.NameCache()  # what the driver's resolver answered, as the command came
+    cache.store(names.resolve(["localhost"]), time.monotonic())
+    resolved = _resolved(named, cache, lambda: [])  # no interface=: the addresses unasked
     assert resolved.endpoint is not None and resolved.endpoint.host == "127.0.0.1"
     assert str(resolved) == str(named)  # labels keep the name the user gave
     uri = f"aeron:udp?endpoint=localhost:{free_port()}"

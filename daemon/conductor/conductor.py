@@ -65,6 +65,7 @@ from slipstream.daemon.conductor.sharing import (
 from slipstream.daemon.conductor.untethered import tether_for
 from slipstream.daemon.conductor.watch import WordWatch
 from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.media.names import NameCache
 from slipstream.daemon.pressure.episodes import (
     EPISODE_SAMPLE_INTERVAL_NS,
     EpisodeEvent,
@@ -120,12 +121,14 @@ class DriverConductor:
                  transports: NetworkTransports | None = None,
                  wake_network: Callable[[], None] = lambda: None,
                  wake_conductor: Callable[[], None] = lambda: None,
-                 image_logs: LogMaking = LogMaking.INLINE) -> None:
+                 image_logs: LogMaking = LogMaking.INLINE,
+                 name_cache: NameCache | None = None) -> None:
         """``transports`` opens UDP endpoints (None: this conductor carries IPC only);
         ``wake_network`` and ``wake_conductor`` are called (from any thread) when the network
         agents or the conductor have new work; ``image_logs``: where images' logs are made
         (a driver process: a worker thread; an embedded driver: one a cycle; the simulator:
-        at once)."""
+        at once); ``name_cache``: the driver's resolver's answers, which channels' host names
+        are replaced with as they are added (None: an empty one: IP literals only)."""
         self.settings = settings
         self.directory = directory
         self.counters = counters
@@ -155,7 +158,7 @@ class DriverConductor:
                 rng=random.Random(self._rng.getrandbits(64)),
                 new_id=self._new_id, new_session_id=self._new_session_id,
                 wake_network=wake_network, wake_conductor=wake_conductor,
-                image_logs=image_logs)
+                image_logs=image_logs, name_cache=name_cache)
         self._next_timer_ns = 0
         self._last_cycle_ns = 0
         self.drain_phase = DrainPhase.NONE

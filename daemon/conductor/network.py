@@ -93,7 +93,7 @@ from slipstream.daemon.media.events import (
     SpyLinked,
     SpyUnlinked,
 )
-from slipstream.daemon.media.names import NameWatch
+from slipstream.daemon.media.names import NameCache, NameWatch
 from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.pressure.episodes import EpisodeEvent
 from slipstream.daemon.reports.loss_report import FILE as LOSS_REPORT_FILE
@@ -116,15 +116,19 @@ class NetworkConductor:
                  new_id: Callable[[], int], new_session_id: Callable[[], int],
                  wake_network: Callable[[], None] = lambda: None,
                  wake_conductor: Callable[[], None] = lambda: None,
-                 image_logs: LogMaking = LogMaking.INLINE) -> None:
+                 image_logs: LogMaking = LogMaking.INLINE,
+                 name_cache: NameCache | None = None) -> None:
         """``image_logs``: where images' logs are made (:mod:`.image_logs`): on a worker
         thread (a driver process's), one per cycle on this thread (an embedded driver's),
-        or at once (the simulator's, deterministic)."""
+        or at once (the simulator's, deterministic).  ``name_cache``: the driver's
+        resolver's answers, which channels' names are replaced with (None: an empty one:
+        IP literals only)."""
         self.settings = settings
         self.directory = directory
         self.counters = counters
         self.transports = transports
         self.budget = budget
+        self.name_cache = name_cache if name_cache is not None else NameCache()
         self._wake_conductor = wake_conductor
         self._events: deque[NetworkEvent] = deque()
         self.loss_report = LossReport(directory / LOSS_REPORT_FILE,
@@ -156,7 +160,8 @@ class NetworkConductor:
 
         self._spy_subscriptions = SpySubscriptions(
             settings=settings, counters=counters, transports=transports,
-            sender_proxy=self.sender_proxy, publications=self.publications, spies=self.spies)
+            sender_proxy=self.sender_proxy, publications=self.publications, spies=self.spies,
+            name_cache=self.name_cache)
         #: Unicast send endpoints whose endpoint= is a host name, resolved again while their
         #: peers are silent (the driver's runner resolves, off this thread).
         self.names: NameWatch[_SendEndpointEntry | _NamedDestination
@@ -179,13 +184,13 @@ class NetworkConductor:
             shared_publications=self._shared_publications, answering=self._answering,
             subscriptions=self.subscriptions, receive_endpoints=self._receive_endpoints,
             spy_subscriptions=self._spy_subscriptions, names=self.names,
-            log_maker=self.log_maker)
+            name_cache=self.name_cache, log_maker=self.log_maker)
         self._receive_side = ReceiveSide(
             settings=settings, directory=directory, counters=counters, transports=transports,
             budget=budget, rng=rng, new_id=new_id, receiver_proxy=self.receiver_proxy,
             loss_report=self.loss_report, receive_endpoints=self._receive_endpoints,
             closed_receiver_ids=self._closed_receiver_ids, subscriptions=self.subscriptions,
-            log_maker=self.log_maker, names=self.names)
+            log_maker=self.log_maker, names=self.names, name_cache=self.name_cache)
         self._untethered = NetworkUntethered(
             counters=counters, publications=self.publications,
             receive_endpoints=self._receive_endpoints, subscriptions=self.subscriptions,

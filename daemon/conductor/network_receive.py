@@ -74,7 +74,7 @@ from slipstream.daemon.media.events import (
     ReceiveDestinationFailed,
     ResponseSetupArrived,
 )
-from slipstream.daemon.media.names import NameWatch
+from slipstream.daemon.media.names import NameCache, NameWatch
 from slipstream.daemon.media.receive_channel import ReceiveChannel
 from slipstream.daemon.protocol.params import SubscriptionParams
 from slipstream.daemon.protocol.types import Address
@@ -115,13 +115,17 @@ class ReceiveSide:
                  closed_receiver_ids: dict[int, None],
                  subscriptions: dict[int, NetworkSubscription],
                  log_maker: ImageLogMaker | None = None,
-                 names: NameWatch[Any] | None = None) -> None:
+                 names: NameWatch[Any] | None = None,
+                 name_cache: NameCache | None = None) -> None:
         """``log_maker``: what makes the images' logs and frees them (:mod:`.image_logs`;
         None: one of its own, inline, without a pool).  ``names``: where a dynamic
         multi-destination-cast receiver's ``control=`` name is watched, resolved again while
-        no image of its endpoint lives (:meth:`on_control_moved` applies an answer)."""
+        no image of its endpoint lives (:meth:`on_control_moved` applies an answer).
+        ``name_cache``: the resolver's answers (None: one of its own, empty: IP literals
+        only)."""
         self.settings = settings
         self.names: NameWatch[Any] = names if names is not None else NameWatch(0)
+        self.name_cache = name_cache if name_cache is not None else NameCache()
         self.directory = directory
         self.counters = counters
         self.transports = transports
@@ -152,7 +156,7 @@ class ReceiveSide:
         at once (the AVAILABLE_IMAGE messages are returned).  Not a spy's (``aeron-spy:``):
         :meth:`.SpySubscriptions.add_spy`."""
         given_control = subscription.channel.control
-        channel = subscription.channel = _resolved(subscription.channel,
+        channel = subscription.channel = _resolved(subscription.channel, self.name_cache,
                                                    self.transports.local_addresses)
         SubscriptionParams.resolve(channel, self.settings)  # refused before a socket opens
         multi_destination = channel.control_mode == ControlMode.MANUAL.value
@@ -397,7 +401,8 @@ class ReceiveSide:
         # Its socket takes the subscription's socket options (so-rcvbuf=, so-sndbuf=, ttl=),
         # which a destination URI cannot name.
         channel = subscription.channel
-        resolved = attrs.evolve(_resolved(destination, self.transports.local_addresses),
+        resolved = attrs.evolve(_resolved(destination, self.name_cache,
+                                          self.transports.local_addresses),
                                 so_rcvbuf=channel.so_rcvbuf, so_sndbuf=channel.so_sndbuf,
                                 ttl=channel.ttl)
         address = destination_of(resolved, sending=False)

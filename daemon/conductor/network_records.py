@@ -209,20 +209,21 @@ def _is_removed_by(entry: _SendEndpointEntry | _ReceiveEndpointEntry,
     return entry.state is _EndpointState.CLOSING and entry.generation == event.generation
 
 
-def _resolved(channel: Channel,
+def _resolved(channel: Channel, name_cache: names.NameCache,
               local_addresses: Callable[[], Sequence[InterfaceAddress]]) -> Channel:
     """The channel with the names in its endpoint and interface replaced by IP literals, as
-    the channel is added (:mod:`slipstream.daemon.media.names`: the shell resolved them off the
-    loop, so this looks them up in its cache): nothing downstream resolves again, inside the
-    duty cycle.  An interface given as a subnet (``interface=10.1.2.0/24``) becomes the address
-    of the local interface in it, chosen among ``local_addresses()`` (the transports':
-    :mod:`slipstream.daemon.media.interfaces`), so channels that name one interface either way
-    share its endpoints; that lists the host's interfaces here, on the conductor's thread, for
-    each such channel.  On a unicast channel a wildcard subnet (``interface=0.0.0.0/0``,
-    ``[::]/0``) stays the wildcard, without its prefix, and lists nothing (as Aeron's
-    ``UdpChannel.parse``: any local address)."""
+    the channel is added (:mod:`slipstream.daemon.media.names`: the driver's resolver
+    answered for them before the command came here, so this looks them up in
+    ``name_cache``): nothing on this thread resolves, nor anything downstream.  An interface
+    given as a subnet (``interface=10.1.2.0/24``) becomes the address of the local interface
+    in it, chosen among ``local_addresses()`` (the transports':
+    :mod:`slipstream.daemon.media.interfaces`), so channels that name one interface either
+    way share its endpoints; that lists the host's interfaces here, on the conductor's
+    thread, for each such channel.  On a unicast channel a wildcard subnet
+    (``interface=0.0.0.0/0``, ``[::]/0``) stays the wildcard, without its prefix, and lists
+    nothing (as Aeron's ``UdpChannel.parse``: any local address)."""
     for part, host in names.names_of(channel):
-        address = names.lookup(channel, part, host)
+        address = name_cache.lookup(channel, part, host)
         hostport = getattr(channel, part)
         channel = attrs.evolve(channel, **{part: attrs.evolve(hostport, host=address)})
     interface = channel.interface

@@ -89,7 +89,7 @@ from slipstream.daemon.media.events import (
     PublicationRejected,
     RetargetFailed,
 )
-from slipstream.daemon.media.names import NameWatch
+from slipstream.daemon.media.names import NameCache, NameWatch
 from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.pressure.episodes import (
     BackPressureEpisodes,
@@ -120,6 +120,7 @@ class SendSide:
                  receive_endpoints: dict[tuple[Any, ...], _ReceiveEndpointEntry],
                  spy_subscriptions: SpySubscriptions,
                  names: NameWatch[_SendEndpointEntry | _NamedDestination],
+                 name_cache: NameCache,
                  log_maker: ImageLogMaker | None = None) -> None:
         """``log_maker``: where a released publication's log is zeroed for reuse or deleted,
         off this thread in a driver process (:meth:`ImageLogMaker.discard`), and its pool,
@@ -159,6 +160,8 @@ class SendSide:
         #: How much of the text receivers send (ERR reasons) reaches the log.
         self._remote_text = RemoteTextLimiter()
         self.names = names
+        #: The resolver's answers, which channels' names are replaced with as they are added.
+        self.name_cache = name_cache
 
     # -- publications and their send endpoints ------------------------------------------------
     def add_publication(self, client_key: bytes, channel: Channel, stream_id: int,
@@ -168,7 +171,7 @@ class SendSide:
         publication of its own (its own session and log, which nobody joins).  Returns it and
         the registration id of this publisher."""
         given = channel.endpoint
-        channel = _resolved(channel, self.transports.local_addresses)
+        channel = _resolved(channel, self.name_cache, self.transports.local_addresses)
         destination = destination_of(channel)
         #: A unicast endpoint= given as a name: its peer may move (a pod rescheduled).
         name = (given.host if given is not None and given.ip is None
@@ -666,7 +669,8 @@ class SendSide:
             raise ChannelError(uri, sorted(extra)[0],
                                "a destination takes endpoint= only; the other keys belong "
                                "to the publication's channel")
-        destination = _resolved(destination, self.transports.local_addresses)
+        destination = _resolved(destination, self.name_cache,
+                                self.transports.local_addresses)
         address = destination_of(destination, sending=False)
         ip = ipaddress.ip_address(address[0])
         socket_version = ip_version_of(entry.channel)

@@ -32,6 +32,7 @@ from slipstream.daemon.conductor.sharing import destination_of, endpoint_key
 from slipstream.daemon.conductor.untethered import tether_for
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.media.events import SpyLinked, SpyUnlinked
+from slipstream.daemon.media.names import NameCache
 from slipstream.daemon.streams.publication import NetworkPublication
 from slipstream.daemon.streams.tether import TetherablePosition
 
@@ -48,7 +49,7 @@ class SpySubscriptions:
     def __init__(self, *, settings: DriverSettings, counters: CountersFile,
                  transports: NetworkTransports, sender_proxy: SenderProxy,
                  publications: dict[int, _PublicationEntry],
-                 spies: dict[int, NetworkSubscription]) -> None:
+                 spies: dict[int, NetworkSubscription], name_cache: NameCache) -> None:
         self.settings = settings
         self.counters = counters
         self.transports = transports
@@ -56,6 +57,8 @@ class SpySubscriptions:
         self.publications = publications
         #: Spy subscriptions (``aeron-spy:``), by registration id; they have no endpoint.
         self.spies = spies
+        #: The resolver's answers, which a spy's channel's names are replaced with.
+        self.name_cache = name_cache
         #: Messages to clients made outside a command's answer (the images of spies linked to
         #: a new publication), sent on the next duty cycle.
         self._spy_out: Outgoing = []
@@ -68,7 +71,8 @@ class SpySubscriptions:
         one, it wants, those present and those made later (Aeron's onAddSpySubscription and
         linkSpies); the AVAILABLE_IMAGE messages of those present are returned.  A closing
         publication takes no new spy."""
-        channel = spy.channel = _resolved(spy.channel, self.transports.local_addresses)
+        channel = spy.channel = _resolved(spy.channel, self.name_cache,
+                                          self.transports.local_addresses)
         spy.spied_key = endpoint_key(channel, destination_of(channel))
         self.spies[spy.registration_id] = spy
         out: Outgoing = []

@@ -1,28 +1,38 @@
-"""Host names in channel URIs, resolved off the conductor's loop, and resolved again when the
-peer they name goes silent.
+"""Host names in channel URIs, resolved by a resolver of their own, never on the conductor's
+thread, and resolved again when the peer they name goes silent.
 
-A name in ``endpoint=``, ``interface=`` or ``control=`` is resolved as the channel is added
-(:func:`slipstream.daemon.conductor.network_records._resolved` turns it into an IP literal),
-never inside the duty cycle.  ``getaddrinfo`` blocks, for as long as the resolver's timeouts (glibc:
-5 s per try, per name server), so the driver shell resolves a command's names in a thread
-first (:func:`resolve`) and hands the command to the conductor once they are known; the
-conductor then finds them here (:func:`lookup`).  A blocked resolver delays that one command,
-never the heartbeats, status messages or the systemd watchdog.
+A name in ``endpoint=``, ``interface=`` or ``control=`` is resolved before its command
+reaches the conductor, and replaced by an IP literal as the channel is added
+(:func:`slipstream.daemon.conductor.network_records._resolved`).  ``getaddrinfo`` blocks, for
+as long as the resolver's timeouts (glibc: 5 s per try, per name server), so resolution has an
+owner, :class:`NameResolver` (Aeron's conductor hands it to its executor the same way): the
+driver's runner, on the conductor's thread, sends it a :class:`ResolveNames` command and goes
+on serving every other client; each command is resolved on a thread of the resolver's, which
+queues the :class:`NamesResolved` answer and wakes the runner.  Back on the conductor's thread,
+the answers go into the driver's :class:`NameCache` and the command waiting for them is
+handled; one not answered within :data:`PREFETCH_TIMEOUT_S` is refused, naming its hosts.  A
+blocked resolver delays that one command, never the heartbeats, status messages, other
+clients' commands or the systemd watchdog.
+
+Which thread owns what (:data:`~slipstream.daemon.streams.ownership.NAME_THREADS`): the
+cache is the conductor thread's alone (no lock: nothing else touches it); the resolver's
+threads touch only their command and the queue of answers.
 
 A name can move (a pod rescheduled, a host re-addressed): :class:`NameWatch` is the
 conductor's schedule of names to resolve again (Aeron's re-resolution).  Every
 ``name_re_resolution_interval`` it names those whose users lost contact with their peer; the
-driver's runner resolves them in a thread, as above, and hands the answers back
-(:meth:`NameWatch.answered`), which says whose address changed.  The conductor, which only
-ever handles IP literals, applies the new address (docs/CHANNELS.md §7.2).
+driver's runner sends them to the resolver (``again``: each on its own, at most
+:data:`RESOLVER_THREADS` at once) and hands the answers back (:meth:`NameWatch.answered`),
+which says whose address changed.  The conductor, which only ever handles IP literals,
+applies the new address (docs/CHANNELS.md §7.2).
 """
 
 from __future__ import annotations
 
+import collections
 import ipaddress
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final, Generic, TypeVar
 
@@ -42,9 +52,6 @@ PREFETCH_TIMEOUT_S: Final = 5.0
 #: answers.  More names due wait for a free one.
 RESOLVER_THREADS: Final = 4
 
-_cache: dict[str, tuple[str | None, str, float]] = {}  # name -> (address, error, expiry)
-_lock = threading.Lock()
-
 
 def names_of(channel: Channel) -> list[tuple[str, str]]:
     """The (URI part, host) pairs of ``channel`` that are names, not IP literals."""
@@ -53,55 +60,138 @@ def names_of(channel: Channel) -> list[tuple[str, str]]:
     return [(part, hp.host) for part, hp in parts if hp is not None and hp.ip is None]
 
 
-def needs_prefetch(channel: Channel) -> bool:
-    """Whether one of the channel's names has no fresh answer yet."""
-    now = time.monotonic()
-    with _lock:
-        return any(host not in _cache or _cache[host][2] < now
-                   for _, host in names_of(channel))
-
-
-def resolve(hosts: Iterable[str], *, remember_failures: bool = True) -> dict[str, str | None]:
-    """Resolve ``hosts`` now (blocking: call it in a thread), remember the answers and return
-    them (None: the host did not resolve).  ``remember_failures`` False (a re-resolution):
-    a failure is not kept, so a transient one refuses no channel added meanwhile."""
-    answers: dict[str, str | None] = {}
-    for host in hosts:
-        try:
-            address: str | None = resolve_host(host)
-            error = ""
-        except (OSError, UnicodeError, ValueError) as e:  # a name IDNA cannot encode, too
-            address, error = None, str(e)
-        if address is not None or remember_failures:
-            with _lock:
-                _cache[host] = (address, error, time.monotonic() + TTL_S)
-        answers[host] = address
-    return answers
-
-
-def resolve_again(hosts: Iterable[str]) -> dict[str, str | None]:
-    """:func:`resolve` for the names :class:`NameWatch` asks for again."""
-    return resolve(hosts, remember_failures=False)
-
-
-def lookup(channel: Channel, part: str, host: str) -> str:
-    """The IP literal for ``host`` (a literal as is; a name from the cache, or resolved now
-    when nothing prefetched it: the simulator, tests); ChannelError naming ``part`` when it
-    does not resolve."""
+def ip_literal(host: str) -> str | None:
+    """``host`` as an IP literal's canonical text, or None when it is a name."""
     try:
         return str(ipaddress.ip_address(host))
     except ValueError:
-        pass
-    with _lock:
-        cached = _cache.get(host)
-    if cached is None or cached[2] < time.monotonic():
-        resolve([host])
-        with _lock:
-            cached = _cache[host]
-    address, error, _ = cached
-    if address is None:
-        raise ChannelError(str(channel), part, f"cannot resolve {host!r}: {error}")
-    return address
+        return None
+
+
+@attrs.frozen
+class Answer:
+    """What the resolver said of one name: its ``address`` (None: it did not resolve, and
+    ``error`` says why)."""
+
+    address: str | None
+    error: str = ""
+
+
+def resolve(hosts: Iterable[str]) -> dict[str, Answer]:
+    """Resolve ``hosts`` now: blocking, so a resolver's thread's (:class:`NameResolver`);
+    it touches nothing shared."""
+    answers: dict[str, Answer] = {}
+    for host in hosts:
+        try:
+            answers[host] = Answer(resolve_host(host))
+        except (OSError, UnicodeError, ValueError) as e:  # a name IDNA cannot encode, too
+            answers[host] = Answer(None, str(e))
+    return answers
+
+
+@attrs.frozen(eq=False)
+class ResolveNames:
+    """The conductor's thread asks :class:`NameResolver` for ``hosts``: answered by
+    :class:`NamesResolved` with the same ``request``.  ``again``: a re-resolution
+    (:class:`NameWatch`), one of at most :data:`RESOLVER_THREADS` resolving at once."""
+
+    request: int
+    hosts: tuple[str, ...]
+    again: bool = False
+
+
+@attrs.frozen(eq=False)
+class NamesResolved:
+    """The answer to :class:`ResolveNames` ``request``: an :class:`Answer` per host."""
+
+    request: int
+    answers: Mapping[str, Answer]
+
+
+class NameResolver:
+    """The owner of name resolution: :meth:`submit` (the conductor's thread) starts a thread
+    that resolves the command's hosts, queues its :class:`NamesResolved` and calls ``wake``
+    (from that thread); :meth:`answered` (the conductor's thread) takes the answers queued."""
+
+    def __init__(self, wake: Callable[[], None]) -> None:
+        """``wake``: tells the conductor's thread an answer is queued (any thread)."""
+        self._wake = wake
+        self._again = threading.BoundedSemaphore(RESOLVER_THREADS)
+        # Appended by the resolver's threads, taken by the conductor's (a deque's append and
+        # popleft are atomic).
+        self._answers: collections.deque[NamesResolved] = collections.deque()
+
+    # -- the conductor thread's: the commands, and their answers ----------------------------
+    def submit(self, command: ResolveNames) -> None:
+        """Resolve ``command``'s hosts on a thread of their own (the conductor's thread)."""
+        threading.Thread(target=self._resolve, args=(command,), name="ss-resolve",
+                         daemon=True).start()
+
+    def answered(self) -> list[NamesResolved]:
+        """The answers queued since the last call, oldest first (the conductor's thread)."""
+        answers = []
+        while self._answers:
+            answers.append(self._answers.popleft())
+        return answers
+
+    # -- a resolver thread's: one command --------------------------------------------------
+    def _resolve(self, command: ResolveNames) -> None:
+        """A resolver's thread: the answer is queued whatever happens (a host missing from
+        it: the resolver failed)."""
+        answers: dict[str, Answer] = {}
+        try:
+            if command.again:
+                with self._again:
+                    answers = resolve(command.hosts)
+            else:
+                answers = resolve(command.hosts)
+        finally:
+            self._answers.append(NamesResolved(command.request, answers))
+            self._wake()
+
+
+class NameCache:
+    """The driver's answers for names, each reused for :data:`TTL_S`: the conductor thread's
+    alone (the resolver's threads hand their answers over, :class:`NamesResolved`).  Nothing
+    here resolves: :meth:`lookup` answers from what :meth:`store` kept."""
+
+    def __init__(self) -> None:
+        self._answers: dict[str, tuple[Answer, float]] = {}  # name -> (answer, expiry, s)
+
+    # -- the conductor thread's: every method -----------------------------------------------
+    def unresolved(self, channel: Channel, now_s: float) -> list[str]:
+        """The names of ``channel`` with no fresh answer (monotonic ``now_s``), each once."""
+        hosts: list[str] = []
+        for _, host in names_of(channel):
+            kept = self._answers.get(host)
+            if (kept is None or kept[1] < now_s) and host not in hosts:
+                hosts.append(host)
+        return hosts
+
+    def store(self, answers: Mapping[str, Answer], now_s: float, *,
+              remember_failures: bool = True) -> None:
+        """Keep ``answers`` until ``now_s + TTL_S``.  ``remember_failures`` False (a
+        re-resolution): a failure is not kept, so a transient one refuses no channel added
+        meanwhile."""
+        for host, answer in answers.items():
+            if answer.address is not None or remember_failures:
+                self._answers[host] = (answer, now_s + TTL_S)
+
+    def lookup(self, channel: Channel, part: str, host: str) -> str:
+        """The IP literal for ``host`` (a literal as is; a name from what was stored, fresh
+        or not: its command was resolved for just before it was handled); ChannelError
+        naming ``part`` when it did not resolve, or was never resolved."""
+        literal = ip_literal(host)
+        if literal is not None:
+            return literal
+        kept = self._answers.get(host)
+        if kept is None:
+            raise ChannelError(str(channel), part, f"{host!r} was not resolved before its "
+                                                   f"channel was added")
+        answer = kept[0]
+        if answer.address is None:
+            raise ChannelError(str(channel), part, f"cannot resolve {host!r}: {answer.error}")
+        return answer.address
 
 
 U = TypeVar("U")

@@ -194,11 +194,19 @@ def _family(host: str) -> socket.AddressFamily:
 
 
 def _interface_address(channel: Channel) -> str | None:
-    """The ``interface=`` host as an IP literal, or None (a name was resolved as the channel
-    was added: :mod:`slipstream.daemon.media.names`)."""
+    """The ``interface=`` host as an IP literal's canonical text, or None when there is none.
+    A name was replaced by its address as the channel was added
+    (:mod:`slipstream.daemon.media.names`): a transport resolves nothing, and one given a
+    name is refused, naming it."""
     if channel.interface is None:
         return None
-    return names.lookup(channel, "interface", channel.interface.host)
+    host = channel.interface.host
+    address = names.ip_literal(host)
+    if address is None:
+        raise ChannelError(str(channel), "interface",
+                           f"{host!r} is a name: it is resolved as its channel is added, "
+                           f"never by a transport")
+    return address
 
 
 _AF_UNSPEC_SOCKADDR: Final = struct.pack("=H14x", socket.AF_UNSPEC)

@@ -44,7 +44,8 @@ import attrs
 
 from slipstream.client import control
 from slipstream.client.channel import Channel, ChannelError, parse_channel
-from slipstream.client.client import _driver_holds_lock, default_directory
+from slipstream.client.client import default_directory
+from slipstream.client.control import driver_holds_lock
 from slipstream.client.counters import (
     BACK_PRESSURE_TYPES,
     DROP_CAUSES,
@@ -377,7 +378,7 @@ def _open_counters(path: Path) -> tuple[CountersFile, tuple[int, int]] | None:
 def _driver_state(path: Path, counters: CountersFile, age_s: float) -> str:
     """What the header adds when the driver shown may be gone: its lock free, or its
     heartbeat older than :data:`STALE_HEARTBEAT_S`."""
-    if not _driver_holds_lock(path):
+    if not driver_holds_lock(path):
         return "  DEAD: no driver holds the lock (it was killed or crashed)"
     if age_s > STALE_HEARTBEAT_S:
         return (f"  STALE: no heartbeat for {age_s:.1f} s, past the default driver_timeout "
@@ -430,7 +431,7 @@ def run_stat(directory: str | None, *, interval: float = 1.0, once: bool = False
             errors = read_error_log(path)
             previous_errors = read_error_log(path, PREVIOUS_FILE)
             age = (time.time_ns() - counters.driver_heartbeat_ns) / 1e9
-            running = _driver_holds_lock(path)
+            running = driver_holds_lock(path)
             allocated = sum(1 for _ in counters)
             if as_json:
                 snapshot_data = snapshot_json(
@@ -466,7 +467,7 @@ def run_stat(directory: str | None, *, interval: float = 1.0, once: bool = False
             last = now
             time.sleep(interval)
             current = _identity(counters_path)
-            if current is None and not _driver_holds_lock(path):
+            if current is None and not driver_holds_lock(path):
                 print("the driver stopped", file=sys.stderr)
                 return 0
             if current is not None and current != identity:

@@ -1,7 +1,9 @@
 """Loss detection and NAK timing on the receiver (docs/DRIVER.md §4.4; aeron_loss_detector.c).
 
-The image calls :meth:`LossDetector.scan` on each rebuild pass with its rebuild position and
-high-water mark.  One C call (``ss_loss_scan``, daemon/network_loss.c) finds the gaps between them,
+An image's rebuild pass (``ss_image_track_rebuild``, daemon/network_duty.c) scans with the
+detector's C struct (:attr:`LossDetector.c`); :meth:`LossDetector.scan` is one term's scan
+from a rebuild position to a high-water mark.  One C call (``ss_loss_scan``,
+daemon/network_loss.c) finds the gaps between them,
 up to :data:`MAX_GAPS` in stream order (Aeron's detector handles only the first; see the
 class), and keeps their timers:
 
@@ -135,11 +137,13 @@ class LossDetector:
     __slots__ = ("_first_delay", "_retry_delay", "c", "delay_generator", "new_gaps", "on_gap",
                  "on_loss")
 
-    def __init__(self, delay_generator: DelayGenerator, on_loss: LossHandler,
+    def __init__(self, delay_generator: DelayGenerator, on_loss: LossHandler | None = None,
                  on_gap: Callable[[int, int], None] | None = None, *,
                  adapt_retry: bool = False) -> None:
         """``on_loss(term_id, term_offset, length)`` sends a NAK; ``on_gap(length, count)``
-        hears of the gaps each scan saw first (their bytes and number: the loss report);
+        hears of the gaps each scan saw first (their bytes and number: the loss report): what
+        :meth:`scan` calls (an image's rebuild pass, ``ss_image_track_rebuild``, queues the
+        NAKs and records the gaps itself, and calls :meth:`used_delays`);
         ``adapt_retry``: the generator's retry delay is a ceiling, and a gap is NAKed again
         after the measured repair time allows (unicast: see the module docstring)."""
         self.delay_generator = delay_generator
@@ -150,6 +154,19 @@ class LossDetector:
         self.new_gaps = 0  # of the last scan: gaps it saw first
         self._first_delay = delay_generator.first_delay()
         self._retry_delay = delay_generator.retry_delay()
+
+    def delays(self) -> tuple[int, int]:
+        """(first delay, retry delay) drawn ahead for the next scan (ns)."""
+        return self._first_delay, self._retry_delay
+
+    def used_delays(self) -> None:
+        """A scan ran (:attr:`c` holds what it saw): draw again the delays it used, the first
+        delay if it saw a gap first, the retry delay if it NAKed one."""
+        c = self.c
+        if c.fresh_count:
+            self._first_delay = self.delay_generator.first_delay()
+        if c.due_count:
+            self._retry_delay = self.delay_generator.retry_delay()
 
     @property
     def repair_time_ns(self) -> tuple[int, int] | None:
@@ -196,13 +213,11 @@ class LossDetector:
             # Everything up to the limit is there; nothing to NAK (a gap beyond the limit, in
             # a later term, shows up on the next pass from the new rebuild position).
             return first, False
-        if c.fresh_count:
-            self.new_gaps = c.fresh_count
-            self._first_delay = self.delay_generator.first_delay()
-            if self.on_gap is not None:
-                self.on_gap(c.fresh_bytes, c.fresh_count)
-        if c.due_count:
-            self._retry_delay = self.delay_generator.retry_delay()
+        self.new_gaps = c.fresh_count
+        if c.fresh_count and self.on_gap is not None:
+            self.on_gap(c.fresh_bytes, c.fresh_count)
+        self.used_delays()
+        if c.due_count and self.on_loss is not None:
             gaps, due, on_loss = c.gaps, c.due, self.on_loss
             for i in range(c.due_count):
                 gap = gaps[due[i]]

@@ -23,14 +23,17 @@ Receiving (docs/DRIVER.md §4.3, ``aeron_publication_image_insert_packet``, done
   (FLOW_CONTROL_UNDER_RUNS);
 * a PAD header (alone, or last after DATA frames) raises the hwm to the end of its term.
 
-Rebuild pass (``aeron_publication_image_track_rebuild``, run by :meth:`datagrams_to_send`
-after new data or when a timer is due): scan from ``rebuild = max(rcv_pos, max subscriber
-position)`` to the hwm, advance ``rcv_pos`` over complete frames, NAK each gap after the
+Rebuild pass (``aeron_publication_image_track_rebuild``; its one copy is the C half's
+``ss_image_track_rebuild``, which :meth:`datagrams_to_send` runs after new data or when a
+timer is due for an image the C half does not rebuild itself): scan from ``rebuild =
+max(rcv_pos, max subscriber position)`` to the hwm, advance ``rcv_pos`` over complete
+frames, NAK each gap after the
 NAK delay (static 100 µs for unicast; optimal multicast backoff for group images), or pad it
-for ``reliable=false`` (LOSS_GAP_FILLS).  Then schedule an SM when the minimum subscriber
-position moved past ``last scheduled + window/4`` (the 25 % rule) or the window changed; a
-scheduled SM goes at once, and one goes every ``status_message_timeout`` (200 ms) at the
-position subscribers have reached by then.  An image with a group tag (``gtag=``, the
+for ``reliable=false`` (LOSS_GAP_FILLS).  Then an SM goes (the rules' one copy is the C
+half's ``ss_image_status_message_due``, which this object runs too) when the minimum
+subscriber position moved past ``last scheduled + window/4`` (the 25 % rule) or the window
+changed, and one goes every ``status_message_timeout`` (200 ms) at the position subscribers
+have reached by then.  An image with a group tag (``gtag=``, the
 receivers that make messages durable, docs/CHANNELS.md §7.7) also sends one as soon as its
 slowest subscriber consumed all it received (the catch-up rule, at most one per
 ``status_message_catch_up_interval``; the C half's, ``ss_image_catch_up_due``).  Window
@@ -80,7 +83,6 @@ from slipstream.client.frames import (
 )
 from slipstream.client.layout import NO_DEADLINE, resend_reach
 from slipstream.client.logbuffer import (
-    PARTITION_COUNT,
     LogBuffer,
     compute_position,
     compute_term_id,
@@ -184,7 +186,6 @@ class PublicationImage:
         #: What a sender still resends behind its position (its resend window, docs/PROTOCOL.md
         #: §3.5): a receiver that lacks data further back than this is left behind.
         self._resend_reach = resend_reach(term_length)
-        self._term_ptrs = [log.term_address(i) for i in range(PARTITION_COUNT)]
 
         # -- the receiver thread's: the strategies, loss and cleaning ----------------------
         self.congestion_control = cc
@@ -200,9 +201,7 @@ class PublicationImage:
             delay = params.nak_delay_ns
             generator = StaticDelayGenerator(delay,
                                              delay * settings.nak_unicast_retry_delay_ratio)
-        self.loss_detector = LossDetector(
-            generator, self._on_loss, loss_entry.record if loss_entry is not None else None,
-            adapt_retry=not self.is_group)
+        self.loss_detector = LossDetector(generator, adapt_retry=not self.is_group)
         self._loss_entry = loss_entry
         self.cleaner = LogCleaner(log, join)
         #: NAK-strength signals (rc=), once the sender announced it adapts to them.
@@ -274,15 +273,10 @@ class PublicationImage:
         c.control_address = raw_control
         c.control_address_length = len(raw_control)
         c.control_fd = -1  # until a receive channel takes the image (ss_receiver_set_images)
-        # SM state, which the C half's status messages move too: the scheduled position and
-        # window, and when the timer's SM is due (the first goes at once).
-        c.sm_position = join
-        c.sm_window = self.window
-        c.sm_deadline_ns = now_ns
+        # The status-message rules' intervals: the timer's, and the catch-up rule's (a tagged
+        # image's, ss_image_catch_up_due); their state is set below.
         c.sm_interval_ns = self.status_message_timeout_ns
-        # The catch-up rule's (a tagged image's, ss_image_catch_up_due): the first may go at once.
         self._catch_up_interval_ns = settings.status_message_catch_up_interval
-        c.sm_catch_up_ns = now_ns
         c.sm_catch_up_interval_ns = self._catch_up_interval_ns
         c.window = self.window
         c.receiver_id = receiver_id
@@ -293,8 +287,9 @@ class PublicationImage:
         c.reusable_limit = self.cleaner.reusable_limit()
         c.clean_due_position = NO_DEADLINE
         self._sync_subscribers_c()
-        c.sm_due_position = self.status_message_due_position()
-        self._set_last_sm_position(join)
+        # The rules' state as an SM at the join position leaves it; the first SM is due at once.
+        network.ss_image_status_message_taken(c, join, now_ns)
+        c.sm_deadline_ns = c.sm_catch_up_ns = now_ns
         log.is_connected = True
 
     # -- sampled: counters the receiver publishes; any thread reads them -------------------
@@ -380,21 +375,12 @@ class PublicationImage:
         """The position of the last status message sent (bytes)."""
         return self.c.last_sm_position
 
-    def _set_last_sm_position(self, position: int) -> None:
-        c = self.c
-        c.last_sm_position = position
-        # The sender may send up to half a term past an SM; never into a partition that
-        # cleaning has not reached yet (LogCleaner.reusable_limit); once left behind, nothing
-        # past the end its subscribers read to.
-        c.overrun_threshold = min(position + (self.term_length >> 1),
-                                  self.cleaner.reusable_limit())
-        if self.left_behind is not None:
-            c.overrun_threshold = min(c.overrun_threshold, self.left_behind[0])
-
     def status_message_due_position(self) -> int:
-        """The subscriber position from which the 25 % rule schedules the next SM: a parked
-        receiver asks its subscribers to ring its doorbell there (bytes)."""
-        return self.c.sm_position + (self.c.sm_window >> 2) + 1
+        """The subscriber position from which the image's Python half is due for its next SM
+        (the 25 % rule's, which ``ss_image_status_message_taken`` sets; a left-behind image's
+        end, once its pass is over): a parked receiver asks its subscribers to ring its
+        doorbell there (bytes)."""
+        return self.c.sm_due_position
 
     def _position(self, term_id: int, term_offset: int) -> int:
         return compute_position(term_id, term_offset, self.position_bits, self.initial_term_id)
@@ -498,24 +484,16 @@ class PublicationImage:
         return len(self._subscriber_positions)
 
     def min_subscriber_position(self) -> int:
-        """The slowest subscriber's position (rcv-pos without subscribers), bytes."""
-        return self._min_max_subscriber_position()[0]
-
-    def _min_max_subscriber_position(self) -> tuple[int, int]:
-        """The subscribers' positions as the driver takes them (clients write these cells):
-        within [0, rcv-hwm] and on the frame alignment, as the C half takes them
-        (``ss_subscriber_position_bounded``)."""
+        """The slowest subscriber's position (rcv-pos without subscribers), bytes, as the
+        driver takes the cells its clients write: within [0, rcv-hwm] and on the frame
+        alignment, as the C half takes them (``ss_subscriber_position_bounded``)."""
         cells = self._subscriber_positions
         if not cells:
-            return self.rcv_pos, self.rcv_pos
+            return self.rcv_pos
         load = lib.ss_load_acquire_i64
         bounded = network.ss_subscriber_position_bounded
         hwm = self.rcv_hwm
-        if len(cells) == 1:
-            p = bounded(load(cells[0]), hwm)
-            return p, p
-        values = [bounded(load(c), hwm) for c in cells]
-        return min(values), max(values)
+        return min(bounded(load(cell), hwm) for cell in cells)
 
     # -- the receiver thread's: state machine ----------------------------------------------
     def _transition(self, event: str, now_ns: int) -> None:
@@ -655,8 +633,7 @@ class PublicationImage:
             self._outbox = []
         self._check_state(now_ns)
         if self.state in (ImageState.INIT, ImageState.ACTIVE, ImageState.DRAINING):
-            if now_ns >= self.c.sm_deadline_ns:
-                self._send_status_message(now_ns, out)
+            self._status_message_check(now_ns, out)
             self._response_setup_check(now_ns, out)
             if self._consults_congestion_control and (
                     self.congestion_control.should_measure_rtt(now_ns)):
@@ -665,70 +642,61 @@ class PublicationImage:
                 out.extend(self.control_datagrams(rttm.encode()))
                 self.congestion_control.on_rtt_measurement_sent(now_ns)
         if self.state in (ImageState.INIT, ImageState.ACTIVE, ImageState.DRAINING):
-            due = self.status_message_due_position()
             if self.left_behind is not None:  # wake as the subscribers reach its end
-                due = min(due, self.left_behind[0])
-            self.c.sm_due_position = due
+                self.c.sm_due_position = min(self.c.sm_due_position, self.left_behind[0])
             self._sync_cleaning_c()
-        else:  # no rebuild pass and no SM any more: nothing in C makes this due again
+        else:  # no rebuild pass, SM or cleaning any more: nothing in C makes this due again
             self.c.dirty = 0
-            self.c.sm_due_position = NO_DEADLINE
+            self.c.sm_due_position = self.c.clean_due_position = NO_DEADLINE
             self.c.sm_catch_up_ns = NO_DEADLINE
             self.c.rate_signal_position = NO_DEADLINE
         self._next_due_ns = self.next_deadline_ns()
 
     def _track_rebuild(self, now_ns: int) -> None:
         c = self.c
-        min_sub, max_sub = self._min_max_subscriber_position()
+        min_sub = self.min_subscriber_position()
         hwm = self.rcv_hwm
+        start = self.rcv_pos  # (what congestion control is told; no strategy reads it)
         if self._rebuilt_in_c():
-            start = self.rcv_pos  # read by congestion control only, which this image has not
             network.ss_image_rebuild(c, now_ns)
-            rcv_pos, new_loss = self.rcv_pos, False
+            new_loss = False
         else:
-            c.dirty = 0  # before the scan: data that lands during it makes the next pass due
-            # What arrived in order needs no scan: start where the data path saw it stop.
-            rcv_pos = max(self.rcv_pos, min(c.contiguous_position, hwm))
-            start = rcv_pos
-            loss_found = new_loss = False
-            for _ in range(PARTITION_COUNT):
-                rebuild = max(rcv_pos, max_sub)
-                offset, loss_found = self.loss_detector.scan(
-                    self._term_ptrs[(rebuild >> self.position_bits) % PARTITION_COUNT], rebuild,
-                    hwm, now_ns, self.term_length, self.position_bits, self.initial_term_id)
-                new_loss = new_loss or self.loss_detector.new_gaps > 0
-                new_rebuild = rebuild - (rebuild & self._mask) + offset
-                if new_rebuild > rcv_pos:
-                    rcv_pos = new_rebuild
-                if loss_found or offset < self.term_length or rcv_pos >= hwm:
-                    break
-            network.ss_publish_position(self._rcv_pos, self.positions.receiver_position, rcv_pos)
-            if rcv_pos > c.contiguous_position:
-                c.contiguous_position = rcv_pos
+            new_loss = self._rebuild_here(now_ns)
+        rcv_pos = self.rcv_pos
         eos = c.eos_position
         if eos >= 0 and not self.is_end_of_stream and rcv_pos >= eos:
             self.is_end_of_stream = True
             self.log.end_of_stream_position = eos
             self.log.signal_readers()
-        # SM scheduling: congestion control asks for one, the 25 % rule, the catch-up rule (a
-        # tagged image's subscribers consumed all it received: the C half's, asked), or a
-        # change of the window (which cleaning may hold back, see _allowed_window).
-        force_sm = False
         if self._consults_congestion_control:
             force_sm, self.window = self.congestion_control.on_track_rebuild(
                 now_ns, consumption_position=min_sub, last_sm_position=c.last_sm_position,
                 hwm_position=hwm, rebuild_start_position=start, rebuild_end_position=rcv_pos,
                 loss_found=new_loss)
+            c.window = self.window  # what the status-message rules advertise
+            if force_sm:
+                c.sm_deadline_ns = now_ns  # congestion control asks for one now
             self._publish_indicators()
         if self.rate_signaller is not None:
             self._signal_rate(now_ns, min_sub)
-        self.cleaner.clean_toward(min_sub)
-        if (force_sm or min_sub > self.c.sm_position + (self.c.sm_window >> 2)
-                or network.ss_image_catch_up_due(c, now_ns)
-                or self._allowed_window(self.c.sm_position) != self.c.sm_window):
-            self.c.sm_position = min_sub
-            self.c.sm_window = self._allowed_window(min_sub)
-            self.c.sm_deadline_ns = now_ns
+        network.ss_image_clean(c, min_sub)
+
+    def _rebuild_here(self, now_ns: int) -> bool:
+        """The rebuild pass, the C half's rule (``ss_image_track_rebuild``), for an image whose
+        gaps this half answers: with the delays its detector drew (a group's random backoff),
+        each due gap NAKed, or for ``reliable=false`` padded (:meth:`_on_loss`).  Returns
+        whether the pass saw a gap first (what congestion control hears)."""
+        c = self.c
+        detector = self.loss_detector
+        c.nak_first_delay_ns, c.nak_retry_delay_ns = detector.delays()
+        queued_before = c.nak_count  # the C half's, which _take_c_rebuild_output sends
+        network.ss_image_track_rebuild(c, now_ns)
+        detector.used_delays()
+        naks = c.naks
+        for i in range(3 * queued_before, 3 * c.nak_count, 3):
+            self._on_loss(naks[i], naks[i + 1], naks[i + 2])
+        c.nak_count = queued_before
+        return detector.c.fresh_count > 0
 
     def _take_c_status_message(self) -> None:
         """A status message the C half could not send (``c.sm_unsent``) goes now, from its
@@ -736,12 +704,16 @@ class PublicationImage:
         c = self.c
         if c.sm_unsent:
             c.sm_unsent = 0
-            position = c.sm_position
-            sm = StatusMessage(self.session_id, self.stream_id, self._term_id(position),
-                               position & self._mask, c.sm_window, self.receiver_id, 0,
-                               self.group_tag)
-            self._outbox.extend(self.control_datagrams(sm.encode()))
-            self.counters.add(SystemCounter.STATUS_MESSAGES_SENT)
+            self._outbox.extend(self._status_message(c.sm_position, 0))
+
+    def _status_message(self, position: int, flags: int) -> list[Datagram]:
+        """The SM of the rules' state (``c.sm_window``) at ``position``, to where control
+        frames go; counted."""
+        sm = StatusMessage(self.session_id, self.stream_id, self._term_id(position),
+                           position & self._mask, self.c.sm_window, self.receiver_id, flags,
+                           self.group_tag)
+        self.counters.add(SystemCounter.STATUS_MESSAGES_SENT)
+        return self.control_datagrams(sm.encode())
 
     def _sync_cleaning_c(self) -> None:
         """What the C half's status messages need of cleaning: the window it allows, and the
@@ -769,31 +741,24 @@ class PublicationImage:
             self.counters.add(SystemCounter.NAK_MESSAGES_SENT, c.nak_count)
             c.nak_count = 0
 
-    def _allowed_window(self, position: int) -> int:
-        """The window to advertise at ``position``: the configured one, but never inviting data
-        into a partition that cleaning has not reached (LogCleaner.reusable_limit)."""
-        return max(0, min(self.window, self.cleaner.reusable_limit() - position))
-
-    def _send_status_message(self, now_ns: int, out: list[Datagram]) -> None:
-        # A repeat on the timeout reports what subscribers consumed by now, not the values
-        # last scheduled as Aeron's C driver does (docs/DRIVER.md §4.6, seen on the wire): the SM
-        # rate is the same, and a sender that drains learns its receivers took the last bytes
-        # of the stream.  A receiver that repeats the old values holds such a drain until its
-        # drain_timeout; Aeron 1.15's Java receiver did not (tests/test_interop.py).
-        min_sub = self.min_subscriber_position()
-        if min_sub > self.c.sm_position:
-            self.c.sm_position = min_sub
-            self.c.sm_window = self._allowed_window(min_sub)
-        position = self.c.sm_position
-        flags = SM_EOS_FLAG if self.state is ImageState.DRAINING else 0
-        sm = StatusMessage(self.session_id, self.stream_id, self._term_id(position),
-                           position & self._mask, self.c.sm_window, self.receiver_id, flags,
-                           self.group_tag)
-        out.extend(self.control_datagrams(sm.encode()))
-        self.counters.add(SystemCounter.STATUS_MESSAGES_SENT)
-        self._set_last_sm_position(position)
-        self.c.sm_deadline_ns = now_ns + self.c.sm_interval_ns
-        self.c.sm_catch_up_ns = now_ns + self.c.sm_catch_up_interval_ns
+    def _status_message_check(self, now_ns: int, out: list[Datagram]) -> None:
+        """The status-message rules, the C half's (``ss_image_status_message_due``, then
+        ``ss_image_status_message_taken``): the 25 % rule's, the catch-up rule's, the timer's
+        (also set for now by a transition to DRAINING, whose SMs carry EOS, and by congestion
+        control) and a changed window's.  A repeat on the timeout reports what subscribers
+        consumed by now, not the values last scheduled as Aeron's C driver does
+        (docs/DRIVER.md §4.6, seen on the wire): a sender that drains learns its receivers
+        took the last bytes of the stream (Aeron 1.15's Java receiver did too,
+        tests/test_interop.py)."""
+        c = self.c
+        position = network.ss_image_status_message_due(c, self.min_subscriber_position(), now_ns)
+        if position < 0:
+            return
+        network.ss_image_status_message_taken(c, position, now_ns)
+        if self.left_behind is not None:  # nothing past the end its subscribers read to
+            c.overrun_threshold = min(c.overrun_threshold, self.left_behind[0])
+        out.extend(self._status_message(
+            position, SM_EOS_FLAG if self.state is ImageState.DRAINING else 0))
 
     def _check_left_behind(self) -> None:
         """Whether the sender has moved so far on that the data this image lacks (from
@@ -832,12 +797,12 @@ class PublicationImage:
                 and self.c.overrun_position > self.rcv_pos):
             self._check_left_behind()
         if state is ImageState.INIT or state is ImageState.ACTIVE:
-            if now_ns - self.c.time_of_last_packet_ns >= self.liveness_timeout_ns:
+            if now_ns >= network.ss_image_liveness_deadline(self.c):
                 self._transition("liveness_timeout", now_ns)
             elif self.is_end_of_stream:
                 self._transition("end_of_stream", now_ns)
         elif state is ImageState.DRAINING:
-            min_sub, _ = self._min_max_subscriber_position()
+            min_sub = self.min_subscriber_position()
             end = self.left_behind[0] if self.left_behind is not None else self.rcv_pos
             drained = min_sub >= end or not self._subscriber_positions
             if drained and (self.left_behind is not None  # nothing to wait for from the sender
@@ -894,7 +859,7 @@ class PublicationImage:
             # (the C half's 25 % rule, and the SM timer), a deadline of now would spin.
             return deadline
         if c_timers or not self._sends_sm_in_c():  # else the C half keeps this one too
-            deadline = min(deadline, self.c.time_of_last_packet_ns + self.liveness_timeout_ns)
+            deadline = min(deadline, network.ss_image_liveness_deadline(self.c))
         return deadline
 
     def __repr__(self) -> str:

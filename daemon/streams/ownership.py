@@ -1,12 +1,17 @@
 """Who runs each per-stream rule, the C half or the Python half: the one table of it; and
 which thread owns each field and method of a stream object (:data:`PUBLICATION_THREADS`,
 :data:`IMAGE_THREADS`; tests/test_thread_ownership.py holds the conductor to them, and the
-stream objects' code to sections headed by those owners, :data:`SECTION_HEADINGS`).
+stream objects' code to sections headed by those owners, :data:`SECTION_HEADINGS`), and of
+the driver's host-name cache and resolver (:data:`NAME_THREADS`; tests/test_names.py runs a
+driver and checks each was called on its owner's thread only).
 
 A network stream's rules (status messages, heartbeats, pub-lmt's steps, cleaning, the rebuild
-pass and its NAKs, liveness) exist in both halves of the network thread: the Python half
+pass and its NAKs, liveness) run in the two halves of the network thread: the Python half
 (:mod:`~slipstream.daemon.streams.publication`, :mod:`~slipstream.daemon.streams.image`) and
-the C half (daemon/network_*.c).  Each rule has an owner by default; a flag of the stream's C
+the C half (daemon/network_*.c).  A rule written once (:attr:`Rule.written_once`) is one C
+function of the data path, which the C duty cycle runs while the rule is C's and the Python
+half calls otherwise, so the driver and the simulator run the same code; the others still
+have a copy in each half.  Each rule has an owner by default; a flag of the stream's C
 struct (``ss_send_publication_t``, ``ss_image_t``) hands it to the other half while the
 conditions of its row hold, and the Python half sets the flags in one function per stream
 type, which its transitions call:
@@ -60,6 +65,11 @@ class Rule:
     c_predicate: str = ""
     #: Not the stream's one function's to set: who sets the flag instead.
     set_elsewhere: str = ""
+    #: The rule's one copy, a C function of the data path (daemon/network_*.c, exported in
+    #: daemon/network.h) that both halves run: the C duty cycle while the flag hands the rule
+    #: to it, the Python half otherwise (or never, when C runs it by default).  Empty while
+    #: each half still has its own copy.
+    written_once: str = ""
 
     def when_set(self) -> str:
         if self.set_elsewhere:
@@ -79,11 +89,11 @@ RULES: tuple[Rule, ...] = (
          "ACTIVE, connected, taking offers, no credit stop",
          "close (DRAINING), the connection lost, the governor refusing offers, the drain's "
          "credit stop",
-         at_once=True),
-    Rule(PUBLICATION, "heartbeats", PYTHON, "heartbeat_in_c",
-         "a socket, the first SM came, not at its end of stream",
-         "the end of stream (LINGER: the EOS-flagged heartbeats)",
-         at_once=False),
+         at_once=True, written_once="ss_publication_limit_step"),
+    Rule(PUBLICATION, "heartbeats (EOS-flagged from the end of stream)", C, "heartbeat_in_c",
+         "the first SM came, not DONE; through a socket or the simulator's virtual send",
+         "DONE (the Python half only sets the flag and `end_of_stream`)",
+         at_once=False, written_once="ss_publication_heartbeat"),
     Rule(PUBLICATION, "status messages: snd-lmt", PYTHON, "sm_in_c",
          "ACTIVE, connected, `fc=unicast`, no `rc=`, one live receiver, no SETUP elicited; "
          "per SM, a valid one from that receiver's bound address (§5.7) with no flags and no "
@@ -98,38 +108,43 @@ RULES: tuple[Rule, ...] = (
          "no `retransmit_unicast_delay`; until DONE (`answers_naks`)",
          "a delay (every NAK waits on Python's timer); DONE",
          at_once=False,
-         set_elsewhere="when made (RetransmitHandler)"),
+         set_elsewhere="when made (RetransmitHandler)", written_once="ss_retransmit_on_nak"),
     Rule(IMAGE, "the rebuild pass: gaps, NAK timers, NAKs, the loss report", PYTHON,
          "rebuild_in_c",
          "reliable, unicast NAK delay, static cc, not left behind, INIT/ACTIVE/DRAINING; "
          "and C's: a loss detector, a subscriber, no EOS heartbeat, not `python_on_data`",
          "left behind, LINGER, an EOS heartbeat, the last subscriber gone",
-         at_once=True, c_predicate="ss_image_rebuilt_in_c"),
+         at_once=True, c_predicate="ss_image_rebuilt_in_c",
+         written_once="ss_image_track_rebuild"),
     Rule(IMAGE, "status messages: the 25 % rule's and the timer's", PYTHON, "sm_in_c",
          "as the rebuild pass, and ACTIVE",
          "DRAINING (SMs carry EOS), and as the rebuild pass; an SM C could not send "
          "(`sm_unsent`) goes from Python",
-         at_once=True, c_predicate="ss_image_sends_status_messages"),
+         at_once=True, c_predicate="ss_image_sends_status_messages",
+         written_once="ss_image_status_message_due"),
     Rule(IMAGE, "status messages: the catch-up rule's (a tagged image whose subscribers "
          "consumed all it received, at most one per `status_message_catch_up_interval`)",
          PYTHON, "sm_in_c",
          "with the status messages",
          "with the status messages; the Python half asks C's rule, which keeps the interval",
-         at_once=True, c_predicate="ss_image_catch_up_due"),
+         at_once=True, c_predicate="ss_image_catch_up_due",
+         written_once="ss_image_status_message_due"),
     Rule(IMAGE, "cleaning the log behind the slowest subscriber", PYTHON, "sm_in_c",
          "with the status messages (and a cleaner)",
          "with the status messages",
-         at_once=True, c_predicate="ss_image_python_due_position"),
+         at_once=True, c_predicate="ss_image_python_due_position",
+         written_once="ss_image_clean"),
     Rule(IMAGE, "the liveness timer (no packet for `image_liveness_timeout`)", PYTHON,
          "sm_in_c",
          "with the status messages (Python is due when it expires, and moves the state)",
          "with the status messages",
-         at_once=True, c_predicate="ss_image_sends_status_messages"),
+         at_once=True, c_predicate="ss_image_sends_status_messages",
+         written_once="ss_image_liveness_deadline"),
     Rule(IMAGE, "data that arrives in order (no pass for it)", C, "python_on_data",
          "static cc, a subscriber",
          "congestion control to consult, no subscriber (SMs follow rcv-pos): a pass per "
          "arrival",
-         at_once=True),
+         at_once=True, written_once="ss_receiver_on_datagram"),
 )
 
 
@@ -145,12 +160,14 @@ def flags_set_by_sync(stream: str) -> frozenset[str]:
 def markdown() -> str:
     """The table as docs/ARCHITECTURE.md shows it."""
     lines = ["| stream | rule | by default | flag | the C half runs it while | handed back by "
-             "| flag set | C's last word |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| flag set | C's last word | written once |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for rule in RULES:
         predicate = f"`{rule.c_predicate}`" if rule.c_predicate else ""
+        once = f"`{rule.written_once}`" if rule.written_once else "no: a copy in each half"
         lines.append(f"| {rule.stream} | {rule.rule} | {rule.default} | `{rule.flag}` | "
-                     f"{rule.c_runs_it} | {rule.handed_back} | {rule.when_set()} | {predicate} |")
+                     f"{rule.c_runs_it} | {rule.handed_back} | {rule.when_set()} | {predicate} "
+                     f"| {once} |")
     return "\n".join(lines) + "\n"
 
 
@@ -162,6 +179,7 @@ def markdown() -> str:
 CONDUCTOR = "conductor"
 SENDER = "sender"
 RECEIVER = "receiver"
+RESOLVER = "resolver"
 FIXED = "fixed"
 SAMPLED = "sampled"
 
@@ -173,6 +191,8 @@ OWNERS: dict[str, str] = {
     CONDUCTOR: "the conductor's thread alone",
     SENDER: "the sender's thread alone (its Python half, and its C half's words)",
     RECEIVER: "the receiver's thread alone",
+    RESOLVER: "a resolver's thread (one per command, daemon/media/names.py): what it resolves "
+              "alone",
 }
 
 
@@ -226,6 +246,16 @@ IMAGE_THREADS: dict[str, str] = _owned(
         liveness_timeout_ns group_tag is_group reliable receiver_id sender_mtu source""",
 )
 
+#: Every public method of :class:`~slipstream.daemon.media.names.NameCache` (its answers:
+#: no lock, for nothing else touches them) and
+#: :class:`~slipstream.daemon.media.names.NameResolver`, by owner, with ``resolve``: the
+#: blocking resolution itself, which a resolver's thread runs, never the conductor's.
+NAME_THREADS: dict[str, dict[str, str]] = {
+    "NameCache": _owned(conductor="unresolved store lookup"),
+    "NameResolver": _owned(conductor="submit answered"),
+    "resolve": _owned(resolver="resolve"),
+}
+
 #: What the conductor's thread may touch of a handed-over stream object.
 CONDUCTOR_MAY = frozenset((CONDUCTOR, FIXED, SAMPLED))
 
@@ -237,14 +267,17 @@ SECTION_HEADINGS: dict[str, str] = {
     CONDUCTOR: "the conductor thread's",
     SENDER: "the sender thread's",
     RECEIVER: "the receiver thread's",
+    RESOLVER: "a resolver thread's",
 }
 
 
 def threads_markdown() -> str:
-    """:data:`PUBLICATION_THREADS` and :data:`IMAGE_THREADS` as docs/ARCHITECTURE.md shows
-    them: a row per stream object and owner."""
-    lines = ["| stream | owner | who may touch it | fields and methods |", "|---|---|---|---|"]
-    for stream, table in ((PUBLICATION, PUBLICATION_THREADS), (IMAGE, IMAGE_THREADS)):
+    """:data:`PUBLICATION_THREADS`, :data:`IMAGE_THREADS` and :data:`NAME_THREADS` as
+    docs/ARCHITECTURE.md shows them: a row per object and owner."""
+    lines = ["| object | owner | who may touch it | fields and methods |", "|---|---|---|---|"]
+    tables = ((PUBLICATION, PUBLICATION_THREADS), (IMAGE, IMAGE_THREADS),
+              *((f"names: `{name}`", table) for name, table in NAME_THREADS.items()))
+    for stream, table in tables:
         for owner, meaning in OWNERS.items():
             names = ", ".join(f"`{name}`" for name, o in table.items() if o == owner)
             if names:

@@ -5,6 +5,10 @@ sender limit (flow control), the publisher limit (``pub-lmt``, the cell the clie
 checks) and the publication's states and timers.  It never reads a clock: every call takes
 ``now_ns`` and :meth:`NetworkPublication.next_deadline_ns` says when to call again.
 
+Heartbeats are the C half's alone (``heartbeat_in_c``, which :meth:`NetworkPublication.sync_c_half`
+sets once the first SM came): one when 100 ms passed since the last data or heartbeat, flags
+0xE0 (EOS) once the closed publication has sent all (``end_of_stream``).
+
 The data itself never passes through Python: the sender agent hands :attr:`NetworkPublication.c`
 (an ``ss_send_publication_t``) to the C data path (``ss_send_data``), which scans committed
 frames from ``snd-pos`` up to ``snd-lmt`` (at most one MTU per datagram; a PAD frame goes out
@@ -16,11 +20,8 @@ What goes out of :meth:`NetworkPublication.datagrams_to_send`, in Aeron's order:
 
 1. SETUP every 100 ms until the first SM, and again while a receiver elicits it (S-flag SM)
    until it has live receivers (``aeron_network_publication_setup_message_check``);
-2. a heartbeat when 100 ms passed since the last data or heartbeat (only after the first SM),
-   flags 0xE0 (EOS) once the closed publication has sent all; through a socket the C half
-   sends them until then (``heartbeat_in_c``);
-3. RTTM replies;
-4. with ``rc=``, the rate-control announcement
+2. RTTM replies;
+3. with ``rc=``, the rate-control announcement
    (:class:`~slipstream.daemon.flow.rate_control.NakStrengthRateControl`) every
    second and at once to a new receiver.  Its NAK-strength signals set the send-rate limit
    that the C data path enforces per datagram.
@@ -69,7 +70,6 @@ from slipstream.client.frames import (
     Rttm,
     Setup,
     StatusMessage,
-    heartbeat,
 )
 from slipstream.client.layout import NO_DEADLINE
 from slipstream.client.logbuffer import (
@@ -107,6 +107,8 @@ from slipstream.daemon.streams.states import (
 #: AERON_NETWORK_PUBLICATION_SETUP_TIMEOUT_NS / _HEARTBEAT_TIMEOUT_NS.
 SETUP_TIMEOUT_NS = 100_000_000
 HEARTBEAT_TIMEOUT_NS = network.SS_HEARTBEAT_TIMEOUT_NS
+#: ``ss_publication_limit_step``'s cap below every position: offers refused, cleaning only.
+_REFUSING = -NO_DEADLINE
 #: ERR reasons a publication keeps for the conductor between two passes of its sender.
 REJECTIONS_PER_PASS_MAX = 16
 
@@ -227,6 +229,7 @@ class NetworkPublication:
         c.stream_id = log.stream_id
         c.initial_term_id = log.initial_term_id
         c.max_message_length = max_message_length(log.term_length)
+        c.signal_eos = int(self.signal_eos)
         c.priority = params.priority
         c.status_messages_received = counters.address(SystemCounter.STATUS_MESSAGES_RECEIVED)
         c.heartbeats_sent = counters.address(SystemCounter.HEARTBEATS_SENT)
@@ -274,7 +277,6 @@ class NetworkPublication:
         self.learns_destinations = False
         self.is_end_of_stream = False
         self.has_received_unicast_eos = False
-        self.eos_heartbeats_sent = 0  # heartbeats since end-of-stream (flagged EOS)
         #: Set when the driver drains (SIGTERM): pub-lmt never rises past it again (bytes).
         self.credit_stop_position: int | None = None
         self._connected = False
@@ -299,7 +301,6 @@ class NetworkPublication:
         # -- the sender thread's: timers ---------------------------------------------------
         self._status_message_deadline_ns = NO_DEADLINE
         self._time_of_last_setup_ns = now_ns - SETUP_TIMEOUT_NS  # first SETUP at once
-        self._time_of_last_heartbeat_ns = now_ns - HEARTBEAT_TIMEOUT_NS
         self._linger_start_ns = 0
         self._outbox: list[Datagram] = []  # RTTM replies made in on_frame
         self._now_ns = now_ns
@@ -668,7 +669,9 @@ class NetworkPublication:
                 and not self.learns_destinations)
         c.python_send_position = self.python_send_position()
         c.spy_python_position = self._spy_python_position()
-        c.heartbeat_in_c = int(self._sends_heartbeats_in_c())
+        c.heartbeat_in_c = int(self.has_initial_connection
+                                and self.state is not PublicationState.DONE)
+        c.end_of_stream = int(self.is_end_of_stream)
         if take and sole is not None:
             receiver_id, last_sm_ns = sole
             if receiver_id != c.sm_receiver_id:  # what C took was another receiver's
@@ -821,7 +824,6 @@ class NetworkPublication:
             return out
         if not self.has_initial_connection or self.is_setup_elicited:
             self._setup_message_check(now_ns, out)
-        self._heartbeat_check(now_ns, out)
         if self.rate_control is not None:
             self._rate_control_check(now_ns, out)
         self.flow_control.sender_position = self.sender_position
@@ -907,30 +909,10 @@ class NetworkPublication:
             lib.ss_store_release_i64(self.positions.sender_rate_limit, limit)
 
     @property
-    def _time_of_last_data_or_heartbeat_ns(self) -> int:
-        return max(self._time_of_last_heartbeat_ns, self.c.time_of_last_send_ns)
-
-    def _sends_heartbeats_in_c(self) -> bool:
-        """Whether the C half sends the heartbeats (``c.heartbeat_in_c``, which
-        :meth:`sync_c_half` sets after the pass): through a socket, until the end
-        of stream (they carry EOS then).  The rule itself, not the flag: a pass that reaches
-        the end of stream sends the first EOS heartbeat itself."""
-        return self.has_initial_connection and not self.is_end_of_stream and self.c.fd >= 0
-
-    def _heartbeat_check(self, now_ns: int, out: list[Datagram]) -> None:
-        if self._sends_heartbeats_in_c():
-            return  # the C half sends them
-        if (self.has_initial_connection
-                and now_ns - self._time_of_last_data_or_heartbeat_ns >= HEARTBEAT_TIMEOUT_NS):
-            position = self.sender_position
-            out.append(Datagram(heartbeat(self.session_id, self.stream_id,
-                                          self._term_id(position), position & self._mask,
-                                          self.signal_eos and self.is_end_of_stream),
-                                self.destination))
-            if self.is_end_of_stream:
-                self.eos_heartbeats_sent += 1
-            self.counters.add(SystemCounter.HEARTBEATS_SENT)
-            self._time_of_last_heartbeat_ns = now_ns
+    def eos_heartbeats_sent(self) -> int:
+        """Heartbeats the C half sent since the end of stream (a closed publication that sent
+        all: flagged EOS unless the channel says ``eos=false``)."""
+        return self.c.eos_heartbeats_sent
 
     # -- the sender thread's: liveness, limits and state (the conductor's duties in Aeron) ---
     def _update_has_receivers(self, now_ns: int) -> None:
@@ -956,18 +938,12 @@ class NetworkPublication:
             self.log.signal_publishers()  # a publisher waiting to connect, or for credit
 
     def _update_publisher_limit(self) -> None:
-        """pub-lmt = snd-pos + term window, moved in steps of window/8 (Aeron's trip gain) and
-        never past what cleaning allows; the log is cleaned one term behind snd-pos first.
-        A spy slower than snd-pos takes its place (:meth:`consumer_position`)."""
-        consumer_position = self.consumer_position()
-        self.cleaner.clean_toward(consumer_position)
-        if self._refusing_offers:
-            return
-        limit = min(consumer_position + self.term_window_length, self.cleaner.reusable_limit())
-        if self.credit_stop_position is not None:
-            limit = min(limit, self.credit_stop_position)
-        if limit >= self._last_publisher_limit + self._trip_gain:
-            self._set_publisher_limit(limit)
+        """pub-lmt's rule (``ss_publication_limit_step``, the C half's): clean toward one term
+        behind the consumer position, then pub-lmt = that position + term window in steps of
+        window/8 (Aeron's trip gain), never past what cleaning allows nor the drain's credit
+        stop; while offers are refused, the cleaning alone."""
+        cap = NO_DEADLINE if self.credit_stop_position is None else self.credit_stop_position
+        network.ss_publication_limit_step(self.c, _REFUSING if self._refusing_offers else cap)
 
     def apply_pressure_step(self, step: int) -> None:
         """The governor's step: from step 1 new data short of a datagram waits a little for
@@ -1051,9 +1027,6 @@ class NetworkPublication:
         deadline = self.retransmit_handler.next_resend_ns()
         if not self.has_initial_connection or self.is_setup_elicited:
             deadline = min(deadline, self._time_of_last_setup_ns + SETUP_TIMEOUT_NS)
-        if self.has_initial_connection and not self._sends_heartbeats_in_c():
-            deadline = min(deadline,
-                           self._time_of_last_data_or_heartbeat_ns + HEARTBEAT_TIMEOUT_NS)
         deadline = min(deadline, self.flow_control.next_deadline_ns())
         if self._pending_errors:
             deadline = min(deadline, min(at for _, at in self._pending_errors.values())
