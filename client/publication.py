@@ -293,7 +293,8 @@ class Publication:
         #: The publication's back-pressure policy (None: Aeron's codes).
         self.policy = policy
         self._policy: OfferPolicy | None = None
-        self._attempt = _fastpath.Offerer(address, appender).offer  # one offer, no idling
+        # One offer, no idling (the async calls' and the policies' attempts).
+        self._attempt: Callable[[Buffer, int], int] = _fastpath.Offerer(address, appender).offer
         # Past the spins an idle offer waits for credit; an embedded driver's client yields
         # instead (park_ns 0): a park would stop the driver that brings the credit.
         embedded = client.invoker is not None
