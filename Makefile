@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml setup.py $(wildcard client/*.c client/*.h daemon/*.c da
           client/_native_build.py daemon/_network_build.py
 	@scripts/ensure-libssl
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@# An in-place build for one CPython version would be imported before the abi3 one.
+	rm -f client/_fastpath.cpython-*.so
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test,bench,sim,spark]'
 	@touch $(STAMP)
@@ -55,7 +57,8 @@ aeron: install
 	@scripts/ensure-aeron $(BIN)/python
 
 # Debian tools of the tests: iptables (the test hosts' faults), systemd-analyze (the unit),
-# systemd-nspawn (the unit under a real systemd, in a throw-away container).
+# systemd-nspawn (the unit under a real systemd, in a throw-away container), debootstrap
+# (Debian's CPython 3.13, which the abi3 wheel installs into).
 tools:
 	@scripts/ensure-tools
 
@@ -120,4 +123,4 @@ bench: install
 	$(BIN)/python -m bench.ipc_latency
 
 clean:
-	rm -rf $(VENV) build wheelhouse *.egg-info client/_native*.so client/_native.c daemon/_network*.so daemon/_network.c
+	rm -rf $(VENV) build wheelhouse *.egg-info client/_native*.so client/_native.c client/_fastpath*.so daemon/_network*.so daemon/_network.c

@@ -1,7 +1,11 @@
 """Build hooks: the packages, found rather than listed; the cffi extensions
 (slipstream.client._native, the log buffer's hot paths; slipstream.daemon._network, the driver's
 network data path) and the two per-message calls as a plain CPython extension
-(slipstream.client._fastpath), all compiled at install time."""
+(slipstream.client._fastpath), all compiled at install time.
+
+Every extension is built for the limited API (abi3): cffi's by cffi, _fastpath for
+:data:`LIMITED_API`; the wheel is tagged ``cp311-abi3`` and installs on every CPython from 3.11
+on."""
 
 import runpy
 import tomllib
@@ -12,6 +16,10 @@ from setuptools import Extension, find_packages, setup
 HERE = Path(__file__).resolve().parent
 #: The client's hot paths' build (client/_native_build.py): _fastpath compiles its SOURCES in too.
 NATIVE = runpy.run_path(str(HERE / "client" / "_native_build.py"))
+#: The oldest CPython whose stable ABI the extensions use (Py_LIMITED_API's hex form), and the
+#: wheel's matching tag: pyproject.toml's requires-python.
+LIMITED_API = 0x030B0000
+LIMITED_API_TAG = "cp311"
 
 
 def find_slipstream_packages() -> list[str]:
@@ -39,6 +47,9 @@ setup(
             depends=[f"client/{name}" for name in NATIVE["HEADERS"]],
             include_dirs=["client"],
             extra_compile_args=["-O2", "-std=gnu11", "-Wall"],
+            define_macros=[("Py_LIMITED_API", f"0x{LIMITED_API:08X}")],
+            py_limited_api=True,
         )
     ],
+    options={"bdist_wheel": {"py_limited_api": LIMITED_API_TAG}},
 )

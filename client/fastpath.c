@@ -1,14 +1,18 @@
 /*
- * slipstream._fastpath: the per-message calls as plain CPython functions (METH_FASTCALL).
+ * slipstream._fastpath: the per-message calls as plain CPython functions (METH_FASTCALL), in
+ * the limited API of CPython 3.11 (setup.py defines Py_LIMITED_API): one build, the abi3 one,
+ * loads in every CPython from 3.11 on.
  *
  * cffi is the binding for everything else, but on these machines each cffi argument
  * conversion costs ~40-50 ns, which is most of a 32-byte offer.  These functions take
  * their arguments as raw objects instead:
  *   Offerer(appender_address, owner, spins_before_yield=-1, on_refused=None, *, yield_ns=0,
- *   park_ns=0)(message, reserved_value=0) -> position or negative code (ss_offer; ss_offer_rv
+ *   park_ns=0).offer(message, reserved_value=0) -> position or negative code (ss_offer; ss_offer_rv
  *   for a reserved value other than 0), with the client's idle strategy (on_offer_result), or
  *   what on_refused(message, code, reserved_value) returns for a refused offer (a
- *   publication's policy).  offer(message) alone parses nothing more.
+ *   publication's policy).  offer(message) alone parses nothing more.  The bound method
+ *   `offer` is the publication's offer: CPython calls a METH_FASTCALL|METH_KEYWORDS builtin
+ *   method straight from the interpreter, as fast as a vectorcall type's instance.
  *   dispatch(handler, header, term, starts_address, ends_address, count) -> count
  *   payload_buffer(starts_address, ends_address, count) -> a bytearray as long as the
  *   scanned messages' payloads, not zeroed: Image.poll_gathered's copy fills all of it.
@@ -24,7 +28,6 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <structmember.h>
 #include <sched.h>
 #include <stddef.h>
 
@@ -34,13 +37,20 @@ static PyObject *payload_name; /* interned "_payload": the Header flyweight's sl
 static PyObject *reserved_value_name; /* interned "reserved_value": offer()'s keyword */
 static PyObject *failed_index; /* set by dispatch when the handler raised */
 
+/* Py_XSETREF, which the limited API does not have. */
+#define SET_REFERENCE(target, value)                                                       \
+    do {                                                                                   \
+        PyObject *previous_ = (PyObject *)(target);                                        \
+        (target) = (value);                                                                \
+        Py_XDECREF(previous_);                                                             \
+    } while (0)
+
 static PyObject *message_too_long; /* slipstream.client.errors.MessageTooLongError */
 static PyObject *invalid_argument; /* slipstream.client.errors.InvalidArgumentError */
 
 /* An offer() bound to one publication's appender: calling it is the whole per-message cost. */
 typedef struct {
     PyObject_HEAD
-    vectorcallfunc vectorcall;
     ss_appender_t *appender;
     PyObject *owner; /* keeps the appender's memory (a cffi object) alive */
     PyObject *on_refused; /* NULL, or the policy's hook for a refused offer (then no idling) */
@@ -114,11 +124,12 @@ static void invalid_argument_error(const char *field, PyObject *problem) {
  * offer(message, reserved_value=0). */
 static int offer_arguments(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                            int64_t *reserved_value) {
-    Py_ssize_t keywords = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    Py_ssize_t keywords = kwnames == NULL ? 0 : PyTuple_Size(kwnames);
     PyObject *value = nargs == 2 ? args[1] : NULL;
     if (nargs < 1 || nargs > 2) goto usage;
     for (Py_ssize_t i = 0; i < keywords; i++) {
-        PyObject *name = PyTuple_GET_ITEM(kwnames, i);
+        PyObject *name = PyTuple_GetItem(kwnames, i);
+        if (name == NULL) return -1;
         /* A keyword in the caller's code is interned: the same object, mostly. */
         if (name != reserved_value_name &&
             PyUnicode_Compare(name, reserved_value_name) != 0) {
@@ -175,12 +186,11 @@ offer_one(Offerer *offerer, PyObject *message, int64_t reserved_value) {
     int64_t result;
     Py_ssize_t length;
     if (PyBytes_CheckExact(message)) {
-        length = PyBytes_GET_SIZE(message);
+        char *data;
+        if (PyBytes_AsStringAndSize(message, &data, &length) < 0) return NULL;
         result = length > INT32_MAX ? SS_INVALID_LENGTH
-               : reserved_value == 0 ? ss_offer(offerer->appender, PyBytes_AS_STRING(message),
-                                                (int32_t)length)
-               : ss_offer_rv(offerer->appender, PyBytes_AS_STRING(message), (int32_t)length,
-                             reserved_value);
+               : reserved_value == 0 ? ss_offer(offerer->appender, data, (int32_t)length)
+               : ss_offer_rv(offerer->appender, data, (int32_t)length, reserved_value);
     } else {
         Py_buffer view;
         if (PyObject_GetBuffer(message, &view, PyBUF_SIMPLE) < 0) return NULL;
@@ -228,10 +238,9 @@ offer_with_value(Offerer *offerer, PyObject *const *args, Py_ssize_t nargs, PyOb
     return offer_one(offerer, args[0], reserved_value);
 }
 
-static PyObject *offerer_call(PyObject *self, PyObject *const *args, size_t nargsf,
-                              PyObject *kwnames) {
+static PyObject *offerer_offer(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames) {
     Offerer *offerer = (Offerer *)self;
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (__builtin_expect(nargs != 1 || kwnames != NULL, 0))
         return offer_with_value(offerer, args, nargs, kwnames);
     return offer_one(offerer, args[0], 0);
@@ -263,9 +272,8 @@ static PyObject *offerer_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "null appender");
         return NULL;
     }
-    Offerer *self = (Offerer *)type->tp_alloc(type, 0);
+    Offerer *self = (Offerer *)PyType_GenericAlloc(type, 0);
     if (self == NULL) return NULL;
-    self->vectorcall = offerer_call;
     self->appender = appender;
     self->owner = Py_NewRef(owner);
     self->on_refused = on_refused == Py_None ? NULL : Py_NewRef(on_refused);
@@ -277,6 +285,7 @@ static PyObject *offerer_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
 }
 
 static int offerer_traverse(Offerer *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE((PyObject *)self)); /* a heap type: its instances hold a reference to it */
     Py_VISIT(self->owner);
     Py_VISIT(self->on_refused);
     return 0;
@@ -289,32 +298,48 @@ static int offerer_clear(Offerer *self) {
 }
 
 static void offerer_dealloc(Offerer *self) {
+    PyTypeObject *type = Py_TYPE((PyObject *)self);
     PyObject_GC_UnTrack(self);
     offerer_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    ((freefunc)PyType_GetSlot(type, Py_tp_free))(self);
+    Py_DECREF(type);
 }
 
-static PyMemberDef offerer_members[] = {
-    {"yields", T_LONGLONG, offsetof(Offerer, yields), READONLY,
-     "how many offers gave the CPU up, waiting or yielding (the idle strategy)"},
-    {NULL},
+static PyObject *offerer_yields(Offerer *self, void *unused) {
+    (void)unused;
+    return PyLong_FromLongLong(self->yields);
+}
+
+static PyMethodDef offerer_methods[] = {
+    {"offer", (PyCFunction)(void (*)(void))offerer_offer, METH_FASTCALL | METH_KEYWORDS,
+     "offer(message, reserved_value=0) -> position or negative code"},
+    {NULL, NULL, 0, NULL},
 };
 
-static PyTypeObject OffererType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "slipstream.client._fastpath.Offerer",
-    .tp_doc = "Offerer(appender_address, owner, spins_before_yield=-1, on_refused=None, *, "
-              "yield_ns=0, park_ns=0): offer(message, reserved_value=0) -> position or "
-              "negative code",
-    .tp_basicsize = sizeof(Offerer),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
-    .tp_traverse = (traverseproc)offerer_traverse,
-    .tp_clear = (inquiry)offerer_clear,
-    .tp_new = offerer_new,
-    .tp_dealloc = (destructor)offerer_dealloc,
-    .tp_members = offerer_members,
-    .tp_call = PyVectorcall_Call,
-    .tp_vectorcall_offset = offsetof(Offerer, vectorcall),
+static PyGetSetDef offerer_getset[] = {
+    {"yields", (getter)offerer_yields, NULL,
+     "how many offers gave the CPU up, waiting or yielding (the idle strategy)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot offerer_slots[] = {
+    {Py_tp_doc, "Offerer(appender_address, owner, spins_before_yield=-1, on_refused=None, *, "
+                "yield_ns=0, park_ns=0).offer(message, reserved_value=0) -> position or "
+                "negative code"},
+    {Py_tp_traverse, offerer_traverse},
+    {Py_tp_clear, offerer_clear},
+    {Py_tp_new, offerer_new},
+    {Py_tp_dealloc, offerer_dealloc},
+    {Py_tp_methods, offerer_methods},
+    {Py_tp_getset, offerer_getset},
+    {0, NULL},
+};
+
+static PyType_Spec offerer_spec = {
+    .name = "slipstream.client._fastpath.Offerer",
+    .basicsize = sizeof(Offerer),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .slots = offerer_slots,
 };
 
 static PyObject *fast_set_errors(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -324,16 +349,32 @@ static PyObject *fast_set_errors(PyObject *module, PyObject *const *args, Py_ssi
                         "set_errors(MessageTooLongError, InvalidArgumentError)");
         return NULL;
     }
-    Py_XSETREF(message_too_long, Py_NewRef(args[0]));
-    Py_XSETREF(invalid_argument, Py_NewRef(args[1]));
+    SET_REFERENCE(message_too_long, Py_NewRef(args[0]));
+    SET_REFERENCE(invalid_argument, Py_NewRef(args[1]));
     Py_RETURN_NONE;
 }
 
-/* One message to the handler: the slice of the term and the header pointed at it.  What the
- * handler returned (a new reference), or NULL with the exception set. */
+/* The handler's arguments, (data, header): one tuple serves a dispatch's messages, so that a
+ * call allocates none (the limited API of 3.11 has no vectorcall; PyObject_Call passes a
+ * tuple's items to the handler's vectorcall as they are).  A new one, with `header` in place;
+ * NULL with the exception set. */
+static PyObject *handler_arguments(PyObject *header) {
+    PyObject *arguments = PyTuple_New(2);
+    if (arguments != NULL && PyTuple_SetItem(arguments, 1, Py_NewRef(header)) < 0) {
+        Py_DECREF(arguments);
+        return NULL;
+    }
+    return arguments;
+}
+
+/* One message to the handler: the slice of the term and the header pointed at it, through
+ * `*arguments` (handler_arguments; replaced by a new one when the handler kept a reference to
+ * it, since a tuple others hold cannot change).  What the handler returned (a new reference),
+ * or NULL with the exception set. */
 static inline __attribute__((always_inline)) PyObject *deliver(PyObject *handler,
                                                               PyObject *header, PyObject *term,
-                                                              int32_t start, int32_t end) {
+                                                              int32_t start, int32_t end,
+                                                              PyObject **arguments) {
     /* A slice of the term's memoryview: it pins the mapping for as long as anyone holds it,
      * so a handler that keeps a view by mistake reads stale data, never freed memory. */
     PyObject *data = PySequence_GetSlice(term, start, end);
@@ -345,10 +386,17 @@ static inline __attribute__((always_inline)) PyObject *deliver(PyObject *handler
         return NULL;
     }
     Py_DECREF(payload);
-    PyObject *call_args[2] = {data, header};
-    PyObject *result = PyObject_Vectorcall(handler, call_args, 2, NULL);
-    Py_DECREF(data);
-    return result;
+    if (Py_REFCNT(*arguments) != 1) {
+        Py_DECREF(*arguments);
+        *arguments = handler_arguments(header);
+        if (*arguments == NULL) {
+            Py_DECREF(data);
+            return NULL;
+        }
+    }
+    /* The tuple takes data, and lets the previous message's go. */
+    if (PyTuple_SetItem(*arguments, 0, data) < 0) return NULL;
+    return PyObject_Call(handler, *arguments, NULL);
 }
 
 static PyObject *fast_dispatch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -363,15 +411,19 @@ static PyObject *fast_dispatch(PyObject *module, PyObject *const *args, Py_ssize
     const int32_t *ends = (const int32_t *)PyLong_AsVoidPtr(args[4]);
     Py_ssize_t count = PyLong_AsSsize_t(args[5]);
     if (PyErr_Occurred()) return NULL;
+    PyObject *arguments = handler_arguments(header);
+    if (arguments == NULL) return NULL;
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *result = deliver(handler, header, term, starts[i], ends[i]);
+        PyObject *result = deliver(handler, header, term, starts[i], ends[i], &arguments);
         if (result == NULL) {
             /* The caller reads the index of the message that failed (it counts as consumed). */
-            Py_XSETREF(failed_index, PyLong_FromSsize_t(i));
+            SET_REFERENCE(failed_index, PyLong_FromSsize_t(i));
+            Py_XDECREF(arguments);
             return NULL;
         }
         Py_DECREF(result);
     }
+    Py_DECREF(arguments);
     return PyLong_FromSsize_t(count);
 }
 
@@ -393,20 +445,26 @@ static PyObject *fast_controlled_dispatch(PyObject *module, PyObject *const *arg
      * included: re-read before each message, since each handler call may have set it. */
     const volatile uint8_t *gone = (const volatile uint8_t *)PyLong_AsVoidPtr(args[8]);
     if (PyErr_Occurred()) return NULL;
-    for (Py_ssize_t i = first; i < count; i++) {
-        if (*gone) return Py_BuildValue("(nO)", i, go_on); /* read no further */
-        PyObject *result = deliver(handler, header, term, starts[i], ends[i]);
+    PyObject *arguments = handler_arguments(header);
+    if (arguments == NULL) return NULL;
+    Py_ssize_t i = first;
+    PyObject *result = go_on, *outcome;
+    for (; i < count && !*gone; i++) { /* read no further once gone */
+        result = deliver(handler, header, term, starts[i], ends[i], &arguments);
         if (result == NULL) {
-            Py_XSETREF(failed_index, PyLong_FromSsize_t(i)); /* as dispatch */
+            SET_REFERENCE(failed_index, PyLong_FromSsize_t(i)); /* as dispatch */
+            Py_XDECREF(arguments);
             return NULL;
         }
-        if (result == go_on) {
-            Py_DECREF(result);
-            continue;
-        }
-        return Py_BuildValue("(nN)", i, result); /* N: the tuple takes the reference */
+        if (result != go_on) break;
+        Py_DECREF(result);
     }
-    return Py_BuildValue("(nO)", count, go_on);
+    Py_DECREF(arguments);
+    if (i < count && result != go_on) /* N: the tuple takes the reference */
+        outcome = Py_BuildValue("(nN)", i, result);
+    else
+        outcome = Py_BuildValue("(nO)", i, go_on);
+    return outcome;
 }
 
 static PyObject *fast_payload_buffer(PyObject *module, PyObject *const *args,
@@ -492,12 +550,14 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     reserved_value_name = PyUnicode_InternFromString("reserved_value");
     failed_index = PyLong_FromLong(-1);
     if (payload_name == NULL || reserved_value_name == NULL || failed_index == NULL) return NULL;
-    if (PyType_Ready(&OffererType) < 0) return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL) return NULL;
-    if (PyModule_AddObjectRef(module, "Offerer", (PyObject *)&OffererType) < 0) {
+    PyObject *offerer_type = PyType_FromSpec(&offerer_spec);
+    if (offerer_type == NULL || PyModule_AddObjectRef(module, "Offerer", offerer_type) < 0) {
+        Py_XDECREF(offerer_type);
         Py_DECREF(module);
         return NULL;
     }
+    Py_DECREF(offerer_type);
     return module;
 }

@@ -294,14 +294,15 @@ class Publication(ClosedOnExit):
         #: The publication's back-pressure policy (None: Aeron's codes).
         self.policy = policy
         self._policy: OfferPolicy | None = None
-        self._attempt = _fastpath.Offerer(address, appender)  # one plain offer, no idling
+        # One offer, no idling (the async calls' and the policies' attempts).
+        self._attempt: Callable[[Buffer, int], int] = _fastpath.Offerer(address, appender).offer
         # Past the spins an idle offer waits for credit; an embedded driver's client yields
         # instead (park_ns 0): a park would stop the driver that brings the credit.
         embedded = client.invoker is not None
         if policy is None:
             self.offer: OfferCall = _fastpath.Offerer(
                 address, appender, -1 if spins is None else spins,
-                yield_ns=IDLE_YIELD_NS, park_ns=0 if embedded else IDLE_PARK_NS)
+                yield_ns=IDLE_YIELD_NS, park_ns=0 if embedded else IDLE_PARK_NS).offer
         else:
             self._policy = OfferPolicy(
                 policy, self._attempt, self._offer_batch_once, channel=channel,
@@ -311,7 +312,7 @@ class Publication(ClosedOnExit):
                 self.offer = self._policy.offer
             else:
                 self.offer = _fastpath.Offerer(address, appender,
-                                               on_refused=self._policy.on_refused)
+                                               on_refused=self._policy.on_refused).offer
         # offer_batch calls that found no credit
         self._batch_idle = SpinThenPark(spins, None if embedded else (
             lambda yield_ns, park_ns: lib.ss_await_credit(appender, 0, yield_ns, park_ns)))

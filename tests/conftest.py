@@ -270,6 +270,7 @@ MODULE_LANES = {
     "test_strategy_registration": "unit",
     "test_systemd": "sockets",
     "test_systemd_boot": "hosts",
+    "test_other_pythons": "hosts",
     "test_tether": "unit",
     "test_thread_ownership": "unit",
     "test_udp": "sockets",

@@ -341,15 +341,23 @@ def _pyproject() -> dict[str, Any]:
         return tomllib.load(file)["project"]
 
 
+def _oldest_python() -> str:
+    """The wheel's Python tag: ``cp311`` for requires-python ``>=3.11``."""
+    floor = re.fullmatch(r">=3\.([0-9]+)", _pyproject()["requires-python"])
+    assert floor, _pyproject()["requires-python"]
+    return f"cp3{floor[1]}"
+
+
 def test_the_wheel_is_manylinux_and_installs_from_the_wheelhouse_with_no_compiler(
         installed_venv: InstalledVenv) -> None:
-    """``make wheel`` gives a manylinux wheel of this interpreter and machine that auditwheel
-    vouches for, with OpenSSL's libcrypto inside; the environment installed it from the
-    wheelhouse alone (``--no-index``) where no compiler could be found, and pip processed
-    wheels only: it built nothing."""
+    """``make wheel`` gives one abi3 manylinux wheel of this machine for every CPython from
+    the oldest one requires-python allows (``cp311-abi3``) that auditwheel vouches for, with
+    OpenSSL's libcrypto inside; the environment installed it from the wheelhouse alone
+    (``--no-index``) where no compiler could be found, and pip processed wheels only: it
+    built nothing."""
     version = _pyproject()["version"]
-    python = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    tag = re.fullmatch(rf"slipstream-{re.escape(version)}-{python}-{python}-"
+    python = _oldest_python()
+    tag = re.fullmatch(rf"slipstream-{re.escape(version)}-{python}-abi3-"
                        rf"(manylinux_2_[0-9]+_{platform.machine()})\.whl",
                        installed_venv.wheel.name)
     assert tag, installed_venv.wheel.name
@@ -374,11 +382,36 @@ def test_the_wheel_is_manylinux_and_installs_from_the_wheelhouse_with_no_compile
                      re.MULTILINE), log
     (record,) = installed_venv.path.glob(f"lib/python*/site-packages/slipstream-{version}"
                                          ".dist-info/WHEEL")
-    assert f"Tag: {python}-{python}-{tag[1]}" in record.read_text().splitlines()
+    assert f"Tag: {python}-abi3-{tag[1]}" in record.read_text().splitlines()
+
+
+def test_abi3audit_finds_nothing_in_the_wheel(installed_venv: InstalledVenv) -> None:
+    """abi3audit reads every extension of the wheel (the three of them) and finds each one
+    abi3, using no symbol outside the stable ABI and none newer than the wheel's tag
+    (``cp311-abi3``: the stable ABI of 3.11) allows."""
+    abi3audit = Path(sys.executable).with_name("abi3audit")
+    if not abi3audit.exists():
+        lacking("abi3audit is missing: make install brings it (the test extra)")
+    audit = subprocess.run([abi3audit, "--strict", "--report", installed_venv.wheel],
+                           capture_output=True, text=True, timeout=300)
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    (spec,) = json.loads(audit.stdout)["specs"].values()
+    assert spec["kind"] == "wheel", spec
+    results = {Path(found["name"]).name.split(".")[0]: found["result"]
+               for found in spec["wheel"]}
+    assert set(results) == {"_native", "_network", "_fastpath"}, results
+    floor = _oldest_python().removeprefix("cp3")
+    for name, result in results.items():
+        assert result["is_abi3"] and result["is_abi3_baseline_compatible"], (name, result)
+        assert result["baseline"] == f"3.{floor}", (name, result)
+        assert not result["non_abi3_symbols"], (name, result)
+        newer = {symbol: since for symbol, since in result["future_abi3_objects"].items()
+                 if int(since.split(".")[1]) > int(floor)}
+        assert not newer, (name, newer)
 
 
 def test_the_wheel_says_it_is_for_linux_and_typed(installed_venv: InstalledVenv) -> None:
-    """The published metadata: Linux only, CPython 3.11, typed; every folder of the package
+    """The published metadata: Linux only, CPython 3.11 on, typed; every folder of the package
     carries py.typed (PEP 561: a namespace package's portions each carry it) and the compiled
     modules their .pyi."""
     with zipfile.ZipFile(installed_venv.wheel) as wheel:

@@ -93,7 +93,8 @@ def test_a_loop_that_retries_at_once_parks_after_the_clients_spins(
         subscription = client.add_subscription(CHANNEL, 1020)  # nobody publishes: nothing
         message = bytes(32)
         loops = {
-            "offer": (lambda: publication.offer(message), lambda: publication.offer.yields),
+            "offer": (lambda: publication.offer(message),
+                      lambda: publication.offer.__self__.yields),
             "offer_batch": (lambda: publication.offer_batch(message, [32]),
                             lambda: publication._batch_idle.waits),
             "poll": (lambda: subscription.poll(lambda d, h: None, 10),
@@ -110,12 +111,12 @@ def test_a_loop_that_retries_at_once_parks_after_the_clients_spins(
         peer = client.add_subscription(CHANNEL, 1019)
         wait_for(lambda: publication.is_connected, timeout=5, what="connected")
         assert publication.offer(message) > 0
-        waited = publication.offer.yields
+        waited = publication.offer.__self__.yields
         while publication.offer(message) > 0:  # the window fills: back-pressured from here
             pass
         for _ in range(15):
             publication.offer(message)
-        after_credit = publication.offer.yields - waited
+        after_credit = publication.offer.__self__.yields - waited
         peer.close()
     assert after_credit == 0
     if spins is None:
@@ -204,7 +205,7 @@ def test_a_parked_loop_wakes_when_its_credit_or_data_comes(
 
         offerer = threading.Thread(target=offer_loop)
         offerer.start()
-        wait_for(lambda: publication.offer.yields > 0, what="the offer loop parked")
+        wait_for(lambda: publication.offer.__self__.yields > 0, what="the offer loop parked")
         time.sleep(0.1)
         woken = time.monotonic()
         drained = 0
@@ -446,6 +447,31 @@ def test_a_forked_child_may_not_use_its_parents_client_and_its_close_does_nothin
         assert reader.read() == b"UsageError" and status == 0
     subscription = client.add_subscription("aeron:ipc", 63)  # the parent's client still works
     wait_for(lambda: publication.is_connected and subscription.is_connected, what="connected")
+
+
+def test_a_handler_that_keeps_its_arguments_keeps_each_messages_own(client: Client) -> None:
+    """The C dispatch passes (data, header) in one tuple that it reuses for the next message;
+    a handler that keeps that very tuple (an exception type stores it as ``args``) makes it
+    take a new one, so every kept pair holds its own message, and the header is the image's
+    one flyweight."""
+    kept: list[Kept] = []
+
+    class Kept(Exception):
+        def __init__(self, *args: object) -> None:
+            kept.append(self)
+
+    publication = client.add_publication(CHANNEL, 1040)
+    subscription = client.add_subscription(CHANNEL, 1040)
+    wait_for(lambda: publication.is_connected and subscription.images, what="connected")
+    messages = [f"message {i}".encode() for i in range(25)]
+    for message in messages:
+        offer_until(publication, message)
+    read = 0
+    while read < len(messages):
+        read += subscription.poll(Kept, 10)
+    assert [bytes(k.args[0]) for k in kept] == messages
+    assert len({id(k.args) for k in kept}) == len(messages)
+    assert {id(k.args[1]) for k in kept} == {id(kept[0].args[1])}
 
 
 def test_a_subscription_finds_its_image_by_session_id(client: Client) -> None:
