@@ -128,7 +128,11 @@ class DriverConductor:
         agents or the conductor have new work; ``image_logs``: where images' logs are made
         (a driver process: a worker thread; an embedded driver: one a cycle; the simulator:
         at once); ``name_cache``: the driver's resolver's answers, which channels' host names
-        are replaced with as they are added (None: an empty one: IP literals only)."""
+        are replaced with as they are added (None: an empty one: IP literals only); ``rng``:
+        the source of every random choice of the driver (None: the system's CSPRNG; the
+        simulator's is seeded, so that a seeded run repeats), and itself of the secrets a
+        forger must not guess (the network side draws its other choices from one seeded
+        from it)."""
         self.settings = settings
         self.directory = directory
         self.counters = counters
@@ -155,7 +159,7 @@ class DriverConductor:
             self.network = NetworkConductor(
                 settings=settings, directory=directory, counters=counters,
                 transports=transports, budget=self.budget,
-                rng=random.Random(self._rng.getrandbits(64)),
+                rng=random.Random(self._rng.getrandbits(64)), token_rng=self._rng,
                 new_id=self._new_id, new_session_id=self._new_session_id,
                 wake_network=wake_network, wake_conductor=wake_conductor,
                 image_logs=image_logs, name_cache=name_cache)

@@ -113,6 +113,7 @@ class NetworkConductor:
 
     def __init__(self, *, settings: DriverSettings, directory: Path, counters: CountersFile,
                  transports: NetworkTransports, budget: LogBudget, rng: random.Random,
+                 token_rng: random.Random,
                  new_id: Callable[[], int], new_session_id: Callable[[], int],
                  wake_network: Callable[[], None] = lambda: None,
                  wake_conductor: Callable[[], None] = lambda: None,
@@ -122,7 +123,10 @@ class NetworkConductor:
         thread (a driver process's), one per cycle on this thread (an embedded driver's),
         or at once (the simulator's, deterministic).  ``name_cache``: the driver's
         resolver's answers, which channels' names are replaced with (None: an empty one:
-        IP literals only)."""
+        IP literals only).  ``rng``: the network side's random choices (initial term ids,
+        receiver ids, NAK delays); ``token_rng``: the secrets a forger must not guess, the
+        dynamic multi-destination-cast endpoints' validation tokens (the sender thread draws
+        them: a generator that keeps no state, or one thread's)."""
         self.settings = settings
         self.directory = directory
         self.counters = counters
@@ -178,8 +182,9 @@ class NetworkConductor:
         self._pool_changes = 0  # the pool's changes last shown in the system counters
         self._send_side = SendSide(
             settings=settings, directory=directory, counters=counters, transports=transports,
-            budget=budget, rng=rng, new_id=new_id, new_session_id=new_session_id,
-            sender_proxy=self.sender_proxy, receiver_proxy=self.receiver_proxy,
+            budget=budget, rng=rng, token_rng=token_rng, new_id=new_id,
+            new_session_id=new_session_id, sender_proxy=self.sender_proxy,
+            receiver_proxy=self.receiver_proxy,
             send_endpoints=self._send_endpoints, publications=self.publications,
             shared_publications=self._shared_publications, answering=self._answering,
             subscriptions=self.subscriptions, receive_endpoints=self._receive_endpoints,

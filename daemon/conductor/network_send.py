@@ -82,6 +82,7 @@ from slipstream.daemon.media.destinations import (
     ControlMode,
     DestinationTable,
     ip_version_of,
+    random_tokens,
 )
 from slipstream.daemon.media.events import (
     DestinationsSilent,
@@ -111,6 +112,7 @@ class SendSide:
 
     def __init__(self, *, settings: DriverSettings, directory: Path, counters: CountersFile,
                  transports: NetworkTransports, budget: LogBudget, rng: random.Random,
+                 token_rng: random.Random,
                  new_id: Callable[[], int], new_session_id: Callable[[], int],
                  sender_proxy: SenderProxy, receiver_proxy: ReceiverProxy,
                  send_endpoints: dict[tuple[Any, ...], _SendEndpointEntry],
@@ -128,7 +130,9 @@ class SendSide:
         whose kept files new logs take (None: deleted here, none kept).  ``names``: the
         unicast endpoints whose ``endpoint=`` is a host name, and the manual destinations
         added by one, resolved again while their peers are silent
-        (:meth:`on_resolution_change` and :meth:`on_destination_moved` apply an answer)."""
+        (:meth:`on_resolution_change` and :meth:`on_destination_moved` apply an answer).
+        ``token_rng``: what the dynamic endpoints' validation tokens are drawn from
+        (:func:`~slipstream.daemon.media.destinations.random_tokens`)."""
         self.settings = settings
         self.directory = directory
         self.counters = counters
@@ -136,6 +140,7 @@ class SendSide:
         self.budget = budget
         self._log_maker = log_maker
         self._rng = rng
+        self._new_tokens = random_tokens(token_rng)
         self._new_id = new_id
         self._new_session_id = new_session_id
         self.sender_proxy = sender_proxy
@@ -327,7 +332,8 @@ class SendSide:
                 ControlMode(channel.control_mode), ip_version=ip_version_of(channel),
                 count_cell=self.counters.address(counter_id), join=join,
                 max_candidates=self.settings.mdc_candidates_max,
-                validation_timeout_ns=self.settings.mdc_validation_timeout)
+                validation_timeout_ns=self.settings.mdc_validation_timeout,
+                token_source=self._new_tokens)
         try:
             transport = self.transports.open_send(channel, destination)
         except OSError as e:

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import random
 import secrets
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -106,12 +107,20 @@ def ip_version_of(channel: Channel) -> int:
     return ip.version if ip is not None else 4
 
 
-def _random_token() -> int:
-    """32 random bits as an int32 session id other than 0 (a joining receiver's)."""
-    while True:
-        token = secrets.randbits(32) - (1 << 31)
-        if token != 0:
-            return token
+def random_tokens(rng: random.Random) -> Callable[[], int]:
+    """A source of candidates' tokens (:class:`DestinationTable`'s ``token_source``) that
+    draws from ``rng``: 32 random bits each, as an int32 session id other than 0 (a joining
+    receiver's).  A driver's ``rng`` is the system's CSPRNG, so a token is unpredictable to
+    anyone who does not read what is sent to its candidate's address; the simulator's is
+    seeded, so a seeded run sends the same tokens every time."""
+
+    def token() -> int:
+        while True:
+            value = rng.getrandbits(32) - (1 << 31)
+            if value != 0:
+                return value
+
+    return token
 
 
 def can_send_to(address: Address, ip_version: int) -> bool:
@@ -192,13 +201,13 @@ class DestinationTable:
                  join: Sequence[Subnet] = (),
                  max_candidates: int = _DEFAULTS.mdc_candidates_max.default,
                  validation_timeout_ns: int = _DEFAULTS.mdc_validation_timeout.default,
-                 token_source: Callable[[], int] = lambda: _random_token()) -> None:
+                 token_source: Callable[[], int] | None = None) -> None:
         """``join``: dynamic mode hears only sources within these subnets (empty: any);
         ``max_candidates``: at most this many sources validate at once;
         ``validation_timeout_ns``: a candidate not validated within it is dropped;
         ``token_source``: a candidate's token (an int32 session id, never 0: a joining
         receiver's), unpredictable to anyone who does not read what is sent to its address
-        (a test gives a fixed one)."""
+        (None: :func:`random_tokens` of the system's CSPRNG; a test gives fixed ones)."""
         self.mode = mode
         #: The socket's IP version: what a learned destination must be.
         self.ip_version = ip_version
@@ -206,7 +215,8 @@ class DestinationTable:
         self.join = tuple(join)
         self.max_candidates = max_candidates
         self.validation_timeout_ns = validation_timeout_ns
-        self._token_source = token_source
+        self._token_source = (token_source if token_source is not None
+                              else random_tokens(secrets.SystemRandom()))
         self._count_cell = count_cell
         self._destinations: dict[Address, _Destination] = {}
         self._candidates: dict[Address, _Candidate] = {}
