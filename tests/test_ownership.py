@@ -143,6 +143,7 @@ REMOVED_PYTHON_COPIES = {
     "ss_image_status_message_due": ("image.py", "sm_window >> 2"),
     "ss_image_allowed_window": ("image.py", "self.cleaner.reusable_limit() - position"),
     "ss_image_liveness_deadline": ("image.py", "time_of_last_packet_ns + self.liveness"),
+    "ss_publication_status_message": ("publication.py", "sm.receiver_window > self.term_length"),
 }
 
 

@@ -99,7 +99,7 @@ RULES: tuple[Rule, ...] = (
          "per SM, a valid one from that receiver's bound address (§5.7) with no flags and no "
          "group tag",
          "any of those ending; any other SM goes up to Python",
-         at_once=False),
+         at_once=False, written_once="ss_publication_status_message"),
     Rule(PUBLICATION, "the liveness timer of the receiver whose SMs C takes", PYTHON, "sm_in_c",
          "with the status messages (Python is due when it expires)",
          "with the status messages",
