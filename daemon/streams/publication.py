@@ -628,7 +628,7 @@ class NetworkPublication:
             return
         self._c_sm_seen = c.sm_count
         taken_ns = c.sm_time_ns
-        self._status_message_deadline_ns = taken_ns + self.connection_timeout_ns
+        self._status_message_deadline_ns = network.ss_publication_receiver_deadline(c, taken_ns)
         self._receivers.on_c_status_message(c.sm_receiver_id, c.sm_position, taken_ns)
         pending = self._pending_errors.get(c.sm_receiver_id)
         if pending is not None and taken_ns > pending[1]:
@@ -708,7 +708,8 @@ class NetworkPublication:
             return
         if window[0] != sm.receiver_window:
             sm = attrs.evolve(sm, receiver_window=window[0])
-        self._status_message_deadline_ns = now_ns + self.connection_timeout_ns
+        self._status_message_deadline_ns = network.ss_publication_receiver_deadline(
+            self.c, now_ns)
         if sm.is_eos:
             self._receivers.remove(sm.receiver_id)
             if self.is_unicast:
@@ -1036,8 +1037,8 @@ class NetworkPublication:
             if self._connected:
                 deadline = min(deadline, self._status_message_deadline_ns + 1)
             if self._receivers:
-                deadline = min(deadline, self._receivers.earliest_status_message_ns()
-                               + self.connection_timeout_ns + 1)
+                deadline = min(deadline, 1 + network.ss_publication_receiver_deadline(
+                    self.c, self._receivers.earliest_status_message_ns()))
         if (self.state in (PublicationState.ACTIVE, PublicationState.DRAINING)
                 and self.log.producer_position() > self.sender_position):
             # The blocked-publisher check, now that heartbeats no longer wake this half.
