@@ -469,6 +469,22 @@ int64_t ss_publication_consumer_position(const ss_send_publication_t *p);
  * value below every position (offers refused: the cleaning alone).  The C half runs it while
  * limit_in_c, the Python half otherwise.  Returns the work done (chunks cleaned, a step). */
 int32_t ss_publication_limit_step(ss_send_publication_t *p, int64_t limit_cap);
+/* A status message's check, its one copy (the C half's control path takes an SM of its
+ * receiver by it while sm_in_c, the Python half checks every other SM by it): the consumption
+ * position (term_id, term_offset) an honest receiver could report, within the stream (not
+ * before its initial term, an offset within a term) with a window >= 0, and never past snd-pos.
+ * Returns the position, or SS_SM_INVALID or SS_SM_AHEAD_OF_SENDER; *window is held to half a
+ * term (what a receiver may invite beyond that position). */
+int64_t ss_publication_status_message(const ss_send_publication_t *p, int32_t term_id,
+                                      int32_t term_offset, int32_t *window);
+#define SS_SM_INVALID -1
+#define SS_SM_AHEAD_OF_SENDER -2
+/* The liveness timer of p's receivers, its one copy: the last time a receiver whose last
+ * status message came at last_sm_ns is live (last_sm_ns + connection_timeout_ns; after it,
+ * it is gone).  The C half makes the Python half due after it for the receiver whose SMs it
+ * takes (sm_time_ns, while sm_in_c); the Python half times its receivers and the
+ * connection by it otherwise. */
+int64_t ss_publication_receiver_deadline(const ss_send_publication_t *p, int64_t last_sm_ns);
 /* The heartbeat rule of p, its one copy (the duty cycle runs it for every publication, with
  * a socket or the simulator's virtual send): while heartbeat_in_c, once nothing went out for
  * SS_HEARTBEAT_TIMEOUT_NS, a heartbeat at snd-pos (EOS-flagged: see end_of_stream) through

@@ -489,6 +489,10 @@ static int32_t status_messages(ss_agent_t *a, int64_t now_ns) {
     return work;
 }
 
+int64_t ss_publication_receiver_deadline(const ss_send_publication_t *p, int64_t last_sm_ns) {
+    return last_sm_ns + p->connection_timeout_ns;
+}
+
 int32_t ss_publication_heartbeat(ss_send_publication_t *p, int64_t now_ns) {
     if (!p->heartbeat_in_c || now_ns - p->time_of_last_send_ns < SS_HEARTBEAT_TIMEOUT_NS)
         return 0;
@@ -592,8 +596,9 @@ int64_t ss_agent_c_deadline(const ss_agent_t *a) {
             return 0; /* cleaning is behind: the next cycle goes on with it */
         if (p->heartbeat_in_c && p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS < deadline)
             deadline = p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS;
-        if (p->sm_in_c && p->sm_time_ns + p->connection_timeout_ns + 1 < deadline)
-            deadline = p->sm_time_ns + p->connection_timeout_ns + 1; /* its receiver's liveness */
+        /* The liveness of the receiver whose SMs it takes: */
+        if (p->sm_in_c && ss_publication_receiver_deadline(p, p->sm_time_ns) + 1 < deadline)
+            deadline = ss_publication_receiver_deadline(p, p->sm_time_ns) + 1;
     }
     for (int32_t i = 0; i < a->image_count; i++) {
         const ss_image_t *image = a->images[i];
@@ -691,7 +696,7 @@ int32_t ss_agent_python_due(ss_agent_t *a, int64_t now_ns) {
         const ss_send_publication_t *p = a->publications[i];
         if (p->notice || (p->sent_since_python &&
                           LOAD_ACQ(p->sender_position) >= p->python_send_position) ||
-            (p->sm_in_c && now_ns > p->sm_time_ns + p->connection_timeout_ns) ||
+            (p->sm_in_c && now_ns > ss_publication_receiver_deadline(p, p->sm_time_ns)) ||
             (p->spy_count > 0 && p->spy_python_position != SS_NO_DEADLINE &&
              ss_publication_slowest_spy(p, p->spy_python_position) >= p->spy_python_position)) {
             due |= SS_DUE_PUBLICATION;

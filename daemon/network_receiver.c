@@ -298,6 +298,17 @@ static void flush_signals(ss_receiver_t *r) {
     r->signal_count = 0;
 }
 
+int64_t ss_publication_status_message(const ss_send_publication_t *p, int32_t term_id,
+                                      int32_t term_offset, int32_t *window) {
+    const int32_t term_count = (int32_t)((uint32_t)term_id - (uint32_t)p->initial_term_id);
+    if (term_count < 0 || term_offset < 0 || term_offset > p->term_length || *window < 0)
+        return SS_SM_INVALID;
+    const int64_t position = ((int64_t)term_count << p->position_bits) + term_offset;
+    if (position > LOAD_ACQ(p->sender_position)) return SS_SM_AHEAD_OF_SENDER;
+    if (*window > p->term_length / 2) *window = p->term_length / 2;
+    return position;
+}
+
 /* A status message at a send endpoint: taken here when its publication reads SMs in C
  * (ss_send_publication_t.sm_in_c) and it came from the address its receiver is bound to
  * (sm_source), else up to Python (which also counts what is invalid or forged). */
@@ -312,16 +323,12 @@ static int32_t on_status_message(ss_receiver_t *r, const uint8_t *data, int32_t 
     memcpy(&receiver_id, data + SS_SM_RECEIVER_ID_FIELD, 8);
     const int32_t term_offset = read_i32(data + SS_SM_CONSUMPTION_TERM_OFFSET_FIELD);
     int32_t window = read_i32(data + SS_SM_RECEIVER_WINDOW_FIELD);
-    const int32_t term_count = (int32_t)((uint32_t)read_i32(data + SS_SM_CONSUMPTION_TERM_ID_FIELD) -
-                                         (uint32_t)p->initial_term_id);
     if (receiver_id != p->sm_receiver_id ||
-        !same_source(p->sm_source, p->sm_source_length, source, source_length) ||
-        term_count < 0 || term_offset < 0 ||
-        term_offset > p->term_length || window < 0)
+        !same_source(p->sm_source, p->sm_source_length, source, source_length))
         return SS_RX_TO_PYTHON;
-    const int64_t position = ((int64_t)term_count << p->position_bits) + term_offset;
-    if (position > LOAD_ACQ(p->sender_position)) return SS_RX_TO_PYTHON;
-    if (window > p->term_length / 2) window = p->term_length / 2;
+    const int64_t position = ss_publication_status_message(
+        p, read_i32(data + SS_SM_CONSUMPTION_TERM_ID_FIELD), term_offset, &window);
+    if (position < 0) return SS_RX_TO_PYTHON; /* Python counts and drops it */
     const int64_t limit = position + window;
     if (limit > LOAD_ACQ(p->sender_limit))
         ss_publish_position(p->sender_limit, p->sender_limit_counter, limit);

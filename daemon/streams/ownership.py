@@ -8,13 +8,12 @@ driver and checks each was called on its owner's thread only).
 A network stream's rules (status messages, heartbeats, pub-lmt's steps, cleaning, the rebuild
 pass and its NAKs, liveness) run in the two halves of the network thread: the Python half
 (:mod:`~slipstream.daemon.streams.publication`, :mod:`~slipstream.daemon.streams.image`) and
-the C half (daemon/network_*.c).  A rule written once (:attr:`Rule.written_once`) is one C
-function of the data path, which the C duty cycle runs while the rule is C's and the Python
-half calls otherwise, so the driver and the simulator run the same code; the others still
-have a copy in each half.  Each rule has an owner by default; a flag of the stream's C
-struct (``ss_send_publication_t``, ``ss_image_t``) hands it to the other half while the
-conditions of its row hold, and the Python half sets the flags in one function per stream
-type, which its transitions call:
+the C half (daemon/network_*.c).  Each rule is written once (:attr:`Rule.written_once`):
+one C function of the data path, which the C duty cycle runs while the rule is C's and the
+Python half calls otherwise, so the driver and the simulator run the same code.  Each rule
+has an owner by default; a flag of the stream's C struct (``ss_send_publication_t``,
+``ss_image_t``) hands it to the other half while the conditions of its row hold, and the
+Python half sets the flags in one function per stream type, which its transitions call:
 
 * :meth:`NetworkPublication.sync_c_half
   <slipstream.daemon.streams.publication.NetworkPublication.sync_c_half>`, after every pass
@@ -67,8 +66,7 @@ class Rule:
     set_elsewhere: str = ""
     #: The rule's one copy, a C function of the data path (daemon/network_*.c, exported in
     #: daemon/network.h) that both halves run: the C duty cycle while the flag hands the rule
-    #: to it, the Python half otherwise (or never, when C runs it by default).  Empty while
-    #: each half still has its own copy.
+    #: to it, the Python half otherwise (or never, when C runs it by default).
     written_once: str = ""
 
     def when_set(self) -> str:
@@ -99,11 +97,11 @@ RULES: tuple[Rule, ...] = (
          "per SM, a valid one from that receiver's bound address (§5.7) with no flags and no "
          "group tag",
          "any of those ending; any other SM goes up to Python",
-         at_once=False),
+         at_once=False, written_once="ss_publication_status_message"),
     Rule(PUBLICATION, "the liveness timer of the receiver whose SMs C takes", PYTHON, "sm_in_c",
          "with the status messages (Python is due when it expires)",
          "with the status messages",
-         at_once=False),
+         at_once=False, written_once="ss_publication_receiver_deadline"),
     Rule(PUBLICATION, "answering NAKs", C, "retransmit_delay_ns",
          "no `retransmit_unicast_delay`; until DONE (`answers_naks`)",
          "a delay (every NAK waits on Python's timer); DONE",

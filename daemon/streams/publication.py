@@ -74,7 +74,6 @@ from slipstream.client.frames import (
 from slipstream.client.layout import NO_DEADLINE
 from slipstream.client.logbuffer import (
     LogBuffer,
-    compute_position,
     compute_term_id,
     max_message_length,
     unblock,
@@ -491,9 +490,6 @@ class NetworkPublication:
     def _term_id(self, position: int) -> int:
         return compute_term_id(position, self.position_bits, self.initial_term_id)
 
-    def _position(self, term_id: int, term_offset: int) -> int:
-        return compute_position(term_id, term_offset, self.position_bits, self.initial_term_id)
-
     # -- the sender thread's: input --------------------------------------------------------
     def on_frame(self, frame: object, source: Address, now_ns: int) -> None:
         """A decoded SM, NAK, RTTM or ERR frame for this publication from ``source``."""
@@ -632,7 +628,7 @@ class NetworkPublication:
             return
         self._c_sm_seen = c.sm_count
         taken_ns = c.sm_time_ns
-        self._status_message_deadline_ns = taken_ns + self.connection_timeout_ns
+        self._status_message_deadline_ns = network.ss_publication_receiver_deadline(c, taken_ns)
         self._receivers.on_c_status_message(c.sm_receiver_id, c.sm_position, taken_ns)
         pending = self._pending_errors.get(c.sm_receiver_id)
         if pending is not None and taken_ns > pending[1]:
@@ -697,22 +693,23 @@ class NetworkPublication:
             self.flow_control.on_trigger_send_setup(sm, source, now_ns)
 
     def _on_status_message(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
-        # An honest receiver reports a position it consumed, so within the stream (not before
-        # its initial term, an offset within a term) and never past snd-pos, and a window of
-        # at most half a term (docs/DRIVER.md §3.3).  Anything else would let a stray or
-        # forged SM drive the sender past every real receiver, or hold a drain on a position
-        # no receiver has: counted and dropped, as the C half hands it here.
-        position = self._position(sm.consumption_term_id, sm.consumption_term_offset)
-        if (position < 0 or not 0 <= sm.consumption_term_offset <= self.term_length
-                or sm.receiver_window < 0):
+        # What an honest receiver could report (ss_publication_status_message, docs/DRIVER.md
+        # §3.3); anything else would let a stray or forged SM drive the sender past every
+        # real receiver, or hold a drain on a position no receiver has: counted and dropped,
+        # as the C half hands it here.
+        window = network_ffi.new("int32_t *", sm.receiver_window)
+        position = network.ss_publication_status_message(
+            self.c, sm.consumption_term_id, sm.consumption_term_offset, window)
+        if position == network.SS_SM_INVALID:
             self.counters.add(SystemCounter.INVALID_PACKETS)
             return
-        if position > self.sender_position:
+        if position == network.SS_SM_AHEAD_OF_SENDER:
             self.counters.add(SystemCounter.SM_AHEAD_OF_SENDER_DROPS)
             return
-        if sm.receiver_window > self.term_length >> 1:
-            sm = attrs.evolve(sm, receiver_window=self.term_length >> 1)
-        self._status_message_deadline_ns = now_ns + self.connection_timeout_ns
+        if window[0] != sm.receiver_window:
+            sm = attrs.evolve(sm, receiver_window=window[0])
+        self._status_message_deadline_ns = network.ss_publication_receiver_deadline(
+            self.c, now_ns)
         if sm.is_eos:
             self._receivers.remove(sm.receiver_id)
             if self.is_unicast:
@@ -1040,8 +1037,8 @@ class NetworkPublication:
             if self._connected:
                 deadline = min(deadline, self._status_message_deadline_ns + 1)
             if self._receivers:
-                deadline = min(deadline, self._receivers.earliest_status_message_ns()
-                               + self.connection_timeout_ns + 1)
+                deadline = min(deadline, 1 + network.ss_publication_receiver_deadline(
+                    self.c, self._receivers.earliest_status_message_ns()))
         if (self.state in (PublicationState.ACTIVE, PublicationState.DRAINING)
                 and self.log.producer_position() > self.sender_position):
             # The blocked-publisher check, now that heartbeats no longer wake this half.
