@@ -242,6 +242,15 @@ def timeslices(pid: int) -> int:
     return sum(runs for _, _, runs in _schedstats(True, pid))
 
 
+def voluntary_switches(pid: int | None = None, tid: int | None = None) -> int:
+    """How many times thread ``tid`` of process ``pid`` (by default the calling thread) went
+    to sleep: its ``voluntary_ctxt_switches``.  A thread that waits by spinning or yielding
+    adds none, one that sleeps adds one a sleep, however loaded the machine."""
+    path = (Path("/proc/thread-self/status") if pid is None
+            else Path(f"/proc/{pid}/task/{tid}/status"))
+    return int(path.read_text().split("\nvoluntary_ctxt_switches:")[1].split()[0])
+
+
 def _schedstats(all_threads: bool, pid: int | None) -> list[tuple[float, float, int]]:
     """(s on a CPU, s waiting for one, timeslices) of each thread chosen as ``runnable_s``."""
     if pid is not None:

@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from helpers import counters_of, runnable_s, timeslices, wait_for
+from helpers import counters_of, runnable_s, timeslices, voluntary_switches, wait_for
 
 from slipstream.client import Client
 from slipstream.daemon.config import load_settings
@@ -51,11 +51,6 @@ def _thread_named(pid: int, name: str) -> int:
     return tid
 
 
-def _voluntary_switches(pid: int, tid: int) -> int:
-    status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
-    return int(status.split("\nvoluntary_ctxt_switches:")[1].split()[0])
-
-
 def test_a_calm_driver_wakes_only_for_its_conductor_cycles(driver_dir: Path) -> None:
     """A wake-up of the driver's main thread costs ~0.5 ms of Python (trio's loop and the
     cycle), which a busy data path on a small machine feels: calm, it wakes for its conductor
@@ -72,10 +67,10 @@ def test_a_calm_driver_wakes_only_for_its_conductor_cycles(driver_dir: Path) -> 
         watched = [(driver.pid, driver.pid),
                    (driver.pid, _thread_named(driver.pid, "ss-driver-futex")),
                    (os.getpid(), client._conductor._thread.native_id)]
-        before = [_voluntary_switches(*thread) for thread in watched]
+        before = [voluntary_switches(*thread) for thread in watched]
         cycles_before = counters_of(driver)["CONDUCTOR_CYCLES"]
         time.sleep(4.0)
-        main, watcher, client_thread = (_voluntary_switches(*thread) - then
+        main, watcher, client_thread = (voluntary_switches(*thread) - then
                                         for thread, then in zip(watched, before, strict=True))
         cycles = counters_of(driver)["CONDUCTOR_CYCLES"] - cycles_before
     # Calm, about 4 cycles (timer_interval 1 s); a loaded machine may move the pressure
