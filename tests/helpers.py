@@ -226,19 +226,45 @@ def catches(pid: int, signum: signal.Signals) -> bool:
     return bool(int(caught.split()[1], 16) >> (signum - 1) & 1)
 
 
-def runnable_s(*, all_threads: bool = False) -> float:
-    """Seconds the calling thread (``all_threads``: every thread of this process, summed)
-    has been runnable: on a CPU, or waiting for one (``schedstat`` in /proc).  A thread that
-    spins is runnable all the time however loaded the machine (it waits for a CPU instead),
-    one that sleeps is not: what a wait costs, told apart from the load."""
-    paths = (list(Path("/proc/self/task").glob("*/schedstat")) if all_threads
-             else [Path("/proc/thread-self/schedstat")])
-    total = 0
+def runnable_s(*, all_threads: bool = False, pid: int | None = None) -> float:
+    """Seconds the calling thread (``all_threads``: every thread of this process, summed;
+    ``pid``: every thread of that process, summed) has been runnable: on a CPU, or waiting
+    for one (``schedstat`` in /proc).  A thread that spins is runnable all the time however
+    loaded the machine (it waits for a CPU instead), one that sleeps is not: what a wait
+    costs, told apart from the load."""
+    return sum(on_cpu + waiting for on_cpu, waiting, _ in _schedstats(all_threads, pid))
+
+
+def timeslices(pid: int) -> int:
+    """How many times the threads of process ``pid`` (summed) were put on a CPU (the run
+    count of ``schedstat``): a sleeping thread's wake-ups, and a runnable one's returns after
+    it was preempted.  A count of wake-ups, which a loaded machine does not stretch."""
+    return sum(runs for _, _, runs in _schedstats(True, pid))
+
+
+def voluntary_switches(pid: int | None = None, tid: int | None = None) -> int:
+    """How many times thread ``tid`` of process ``pid`` (by default the calling thread) went
+    to sleep: its ``voluntary_ctxt_switches``.  A thread that waits by spinning or yielding
+    adds none, one that sleeps adds one a sleep, however loaded the machine."""
+    path = (Path("/proc/thread-self/status") if pid is None
+            else Path(f"/proc/{pid}/task/{tid}/status"))
+    return int(path.read_text().split("\nvoluntary_ctxt_switches:")[1].split()[0])
+
+
+def _schedstats(all_threads: bool, pid: int | None) -> list[tuple[float, float, int]]:
+    """(s on a CPU, s waiting for one, timeslices) of each thread chosen as ``runnable_s``."""
+    if pid is not None:
+        paths = list(Path(f"/proc/{pid}/task").glob("*/schedstat"))
+    elif all_threads:
+        paths = list(Path("/proc/self/task").glob("*/schedstat"))
+    else:
+        paths = [Path("/proc/thread-self/schedstat")]
+    stats = []
     for path in paths:
         with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # a thread ended
-            on_cpu, waiting, _ = path.read_text().split()
-            total += int(on_cpu) + int(waiting)
-    return total / 1e9
+            on_cpu, waiting, runs = path.read_text().split()
+            stats.append((int(on_cpu) / 1e9, int(waiting) / 1e9, int(runs)))
+    return stats
 
 
 def offer_until(publication: Any, message: bytes, timeout: float = 5.0) -> int:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import offer_until, wait_for
+from helpers import offer_until, voluntary_switches, wait_for
 
 from slipstream.client import (
     BACK_PRESSURED,
@@ -103,10 +103,11 @@ def test_a_loop_that_retries_at_once_parks_after_the_clients_spins(
         }
         spent = {}
         for name, (call, waits) in loops.items():
-            wall, cpu, waited = time.monotonic(), time.thread_time(), waits()
+            wall, slept, waited = time.monotonic(), voluntary_switches(), waits()
             for _ in range(misses):
                 assert call() in (NOT_CONNECTED, 0, None), name
-            spent[name] = (time.monotonic() - wall, time.thread_time() - cpu, waits() - waited)
+            spent[name] = (time.monotonic() - wall, voluntary_switches() - slept,
+                           waits() - waited)
         # Credit starts the count again: the next misses spin first.
         peer = client.add_subscription(CHANNEL, 1019)
         wait_for(lambda: publication.is_connected, timeout=5, what="connected")
@@ -120,15 +121,18 @@ def test_a_loop_that_retries_at_once_parks_after_the_clients_spins(
         peer.close()
     assert after_credit == 0
     if spins is None:
-        for name, (wall, _, waits) in spent.items():
-            assert waits == 0, name  # no park: 200 calls take far less than 1 ms each
-            assert wall < misses * IDLE_PARK_NS / 1e9 / 2, (name, wall)
+        for name, (_, slept, waits) in spent.items():
+            assert waits == 0, name  # no park
+            # Nor a sleep of another kind at each call (a wait for the GIL is a rare one).
+            assert slept < misses / 2, (name, slept)
         return
-    for name, (wall, cpu, waits) in spent.items():
+    for name, (wall, slept, waits) in spent.items():
         # The offers begin the spell; the other loops go on with it, waiting at every call.
         assert waits == misses - (spins if name == "offer" else 0), name
         assert wall >= waits * IDLE_PARK_NS / 1e9 * 0.9, (name, wall)
-        assert cpu < wall / 4, (name, cpu, wall)
+        # Each wait is a sleep, not a spin or a yield for its IDLE_PARK_NS (neither of which
+        # is a voluntary switch), however loaded the machine.
+        assert slept >= waits, (name, slept, waits)
 
 
 def test_a_loop_serving_two_streams_waits_only_when_neither_has_work(
@@ -187,8 +191,9 @@ def test_a_parked_loop_wakes_when_its_credit_or_data_comes(
         time.sleep(0.1)
         woken = time.monotonic()
         assert publication.offer(b"wake") > 0
-        poller.join(timeout=5)
-        assert got == [b"wake"] and time.monotonic() - woken < 5
+        # Woken by the message, not at the park's end: a sixth of it is a loaded machine's.
+        poller.join(timeout=park_ns / 1e9 / 6)
+        assert got == [b"wake"] and time.monotonic() - woken < park_ns / 1e9 / 6
 
         message = bytes(1024)
         for _ in range(10):  # the window fills; the conductor moves the limit every ms
@@ -209,10 +214,10 @@ def test_a_parked_loop_wakes_when_its_credit_or_data_comes(
         time.sleep(0.1)
         woken = time.monotonic()
         drained = 0
-        while not offered and time.monotonic() - woken < 5:
+        while not offered and time.monotonic() - woken < park_ns / 1e9 / 6:
             drained += subscription.poll(lambda data, header: None, 1000)
         offerer.join(timeout=5)
-        assert offered and drained > 0 and time.monotonic() - woken < 5
+        assert offered and drained > 0 and time.monotonic() - woken < park_ns / 1e9 / 6
 
 
 def test_a_bad_spins_before_yield_names_itself(driver: MediaDriver) -> None:

@@ -44,7 +44,9 @@ def test_the_driver_serves_its_counters_to_prometheus(driver_dir: Path) -> None:
     assert value(text, f'slipstream_position_bytes{{channel="aeron:ipc",kind="sub-pos",'
                        f'session="{session}",stream="77",subscription='
                        f'"{subscription.registration_id}"}}') == 10 * 160
-    assert value(text, "slipstream_driver_heartbeat_age_seconds") < 5
+    # Younger than the driver_timeout after which its clients would deem it dead.
+    driver_timeout_s = load_settings(env={}, overrides=FAST_DRIVER_SETTINGS).driver_timeout / 1e9
+    assert value(text, "slipstream_driver_heartbeat_age_seconds") < driver_timeout_s
     # The capacity a user can hit, by its setting: system counters, the client's heartbeat
     # and the pair's counters are in use.
     assert "counters_capacity" in text
