@@ -19,6 +19,8 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -99,6 +101,37 @@ def _sender_position(driver, session_id: int, stream_id: int) -> int:
         return value
     finally:
         counters.close()
+
+
+def _offer_until_held(publication, received: Collector) -> int:
+    """Offer 1000-byte messages, polling ``received``, until the publisher is held (an offer
+    not taken after at least one that was); returns how many were taken."""
+    sent = 0
+    while publication.offer(message(sent, 1000)) > 0 or not sent:
+        sent += 1
+        received.poll()
+    return sent
+
+
+@contextmanager
+def _untethered_spy(a, b, stream_id: int, window_limit_timeout: str, resting_timeout: str,
+                    ) -> Iterator[tuple[object, object, Collector, list]]:
+    """A stream from driver ``a`` to driver ``b``, connected, with an untethered spy at ``a``
+    on its own client: yields the publication, the spy, a Collector of ``b``'s subscription
+    and the list of the spy's images made unavailable."""
+    uri = _uri()
+    left: list = []
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb, \
+            Client.connect(a.directory) as spying:
+        subscription = cb.add_subscription(uri, stream_id)
+        publication = ca.add_publication(uri, stream_id)
+        spy = spying.add_subscription(
+            f"aeron-spy:{uri}|tether=false"
+            f"|untethered-window-limit-timeout={window_limit_timeout}"
+            f"|untethered-resting-timeout={resting_timeout}", stream_id,
+            on_unavailable_image=left.append)
+        connect(publication, subscription, spy)
+        yield publication, spy, Collector(subscription), left
 
 
 # -- the stream -------------------------------------------------------------------------------
@@ -340,23 +373,11 @@ def test_an_untethered_spy_that_falls_behind_is_left_and_rejoins(launch) -> None
     for its window limit timeout, then is left behind (its image goes, with the range it
     skips), lingers as long again, and holds nothing more; after its resting timeout it
     rejoins where the sender is, with a new image."""
-    uri = _uri()
-    a, b = launch(), launch()
-    left: list = []
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb, \
-            Client.connect(a.directory) as spying:
-        subscription = cb.add_subscription(uri, 10)
-        publication = ca.add_publication(uri, 10)
-        spy = spying.add_subscription(
-            f"aeron-spy:{uri}|tether=false|untethered-window-limit-timeout=300ms"
-            f"|untethered-resting-timeout=500ms", 10, on_unavailable_image=left.append)
-        connect(publication, subscription, spy)
+    a = launch()
+    with _untethered_spy(a, launch(), 10, "300ms", "500ms") as (publication, spy, received,
+                                                              left):
         [image] = spy.images
-        received = Collector(subscription)
-        sent = 0
-        while publication.offer(message(sent, 1000)) > 0 or not sent:
-            sent += 1
-            received.poll()
+        sent = _offer_until_held(publication, received)
         held = time.monotonic()
         assert publication.position <= WINDOW + 1056  # held while the spy is tethered
         _catch_up(received, sent)
@@ -378,22 +399,9 @@ def test_a_publication_closed_after_its_untethered_spy_was_left_behind_ends(laun
     position held for its window limit timeout, 1 s here): the spy's client was told, so the
     close drops it at once; the publication drains, lingers (500 ms) and goes, its log file
     and its counters with it, well before the spy's linger would have ended."""
-    uri = _uri()
-    a, b = launch(), launch()
-    left: list = []
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb, \
-            Client.connect(a.directory) as spying:
-        subscription = cb.add_subscription(uri, 13)
-        publication = ca.add_publication(uri, 13)
-        spy = spying.add_subscription(
-            f"aeron-spy:{uri}|tether=false|untethered-window-limit-timeout=1s"
-            f"|untethered-resting-timeout=10s", 13, on_unavailable_image=left.append)
-        connect(publication, subscription, spy)
-        received = Collector(subscription)
-        sent = 0
-        while publication.offer(message(sent, 1000)) > 0 or not sent:
-            sent += 1
-            received.poll()
+    a = launch()
+    with _untethered_spy(a, launch(), 13, "1s", "10s") as (publication, spy, received, left):
+        sent = _offer_until_held(publication, received)
         _catch_up(received, sent)
         assert len(_logs(a)) == 1 and publisher_limits(a) == 1
         wait_for(lambda: left, timeout=5, what="the spy left behind")
@@ -463,10 +471,7 @@ def test_a_dead_spy_client_leaks_nothing(launch) -> None:
             wait_for(lambda: process_state(child.pid) == "T", what="the spy client stopped")
             assert len(_sub_positions(a, spy_id)) == 1
             received = Collector(subscription)
-            sent = 0
-            while publication.offer(message(sent, 1000)) > 0 or not sent:
-                sent += 1
-                received.poll()
+            sent = _offer_until_held(publication, received)
             assert publication.position <= WINDOW + 1056  # held by the stopped spy
             _catch_up(received, sent)
             os.kill(child.pid, signal.SIGKILL)
@@ -492,10 +497,7 @@ def test_closing_a_spy_frees_its_counter_and_the_publisher(launch) -> None:
         spy = ca.add_subscription(f"aeron-spy:{uri}", 12)
         connect(publication, subscription, spy)
         received = Collector(subscription)
-        sent = 0
-        while publication.offer(message(sent, 1000)) > 0 or not sent:
-            sent += 1
-            received.poll()
+        sent = _offer_until_held(publication, received)
         assert publication.position <= WINDOW + 1056
         _catch_up(received, sent)
         spy_id = spy.registration_id
