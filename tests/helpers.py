@@ -302,6 +302,21 @@ def connect(publication: Any, *subscriptions: Any) -> None:
              and all(s.images for s in subscriptions), what="the stream connected")
 
 
+@contextlib.contextmanager
+def connected_stream(a: Any, b: Any, uri: str, stream_id: int,
+                     ) -> Iterator[tuple[Any, Any, Collector]]:
+    """A publication of ``uri``/``stream_id`` at a client of driver ``a`` and a subscription
+    of it at a client of driver ``b``, connected: yields the publication, the subscription
+    and a Collector of it.  Both clients close at the end."""
+    from slipstream.client import Client
+
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        subscription = cb.add_subscription(uri, stream_id)
+        publication = ca.add_publication(uri, stream_id)
+        connect(publication, subscription)
+        yield publication, subscription, Collector(subscription)
+
+
 Counters = dict[str, int]
 
 
@@ -311,14 +326,8 @@ def stream_counted(a: Any, b: Any, uri: str, stream_id: int,
     """``count`` MTU-sized messages (1376 B, a datagram each) from a client of ``a`` to one
     of ``b``, checked exactly once and in order; returns both drivers' counters before and
     after the stream, ``(a's, b's)`` each, and the seconds it took."""
-    from slipstream.client import Client
-
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(uri, stream_id)
-        publication = ca.add_publication(uri, stream_id)
-        connect(publication, subscription)
+    with connected_stream(a, b, uri, stream_id) as (publication, _, collector):
         before, started = (counters_of(a), counters_of(b)), time.monotonic()
-        collector = Collector(subscription)
         stream(publication, [collector], count, lambda i: 1376)
         collector.assert_exactly(count)
         elapsed = time.monotonic() - started

@@ -21,6 +21,7 @@ import pytest
 from helpers import (
     Collector,
     connect,
+    connected_stream,
     counters_of,
     free_port,
     mdc_destinations,
@@ -77,11 +78,7 @@ def test_an_encrypted_stream_is_carried_once_in_order_across_terms_and_loss(host
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}|term-length=64k|key=k"
     a, _ = hosts("a")
     b, _ = hosts("b", debug_receive_data_loss=50_000, debug_receive_data_loss_seed=7)
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(uri, 10)
-        publication = ca.add_publication(uri, 10)
-        connect(publication, subscription)
-        collector = Collector(subscription)
+    with connected_stream(a, b, uri, 10) as (publication, _, collector):
         stream(publication, [collector], 20_000, lambda i: (32, 1000, 5000, 200)[i % 4],
                timeout=90)
         collector.assert_exactly(20_000)

@@ -29,6 +29,7 @@ from helpers import (
     NETWORK_SETTINGS,
     Collector,
     connect,
+    connected_stream,
     counters_of,
     data_datagrams,
     free_port,
@@ -459,10 +460,7 @@ def test_a_dead_spy_client_leaks_nothing(launch) -> None:
     client's liveness timeout; then its counter is freed and the publisher goes on."""
     uri = _uri()
     a, b = launch(), launch()
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(uri, 11)
-        publication = ca.add_publication(uri, 11)
-        connect(publication, subscription)
+    with connected_stream(a, b, uri, 11) as (publication, subscription, _):
         child = subprocess.Popen([sys.executable, "-c", _SPY_CLIENT, str(a.directory),
                                   f"aeron-spy:{uri}"], stdout=subprocess.PIPE, text=True)
         try:

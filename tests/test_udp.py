@@ -19,6 +19,7 @@ import pytest
 from helpers import (
     Collector,
     connect,
+    connected_stream,
     counters_of,
     free_port,
     message,
@@ -499,11 +500,7 @@ def test_a_subscriber_position_past_what_arrived_is_held_at_the_hwm(launch) -> N
     over-run."""
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
     a, b = launch(), launch()
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(uri, 1004)
-        publication = ca.add_publication(uri, 1004)
-        connect(publication, subscription)
-        collector = Collector(subscription)
+    with connected_stream(a, b, uri, 1004) as (publication, subscription, collector):
         stream(publication, [collector], 1000, lambda i: 100)
         collector.assert_exactly(1000)
         [image] = subscription.images
@@ -551,11 +548,7 @@ def test_loss_is_repaired_by_naks_and_retransmits(launch, term: str) -> None:
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}{term}"
     a = launch()
     b = launch(debug_receive_data_loss=50_000, debug_receive_data_loss_seed=7)  # 5 %
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(uri, 5)
-        publication = ca.add_publication(uri, 5)
-        connect(publication, subscription)
-        collector = Collector(subscription)
+    with connected_stream(a, b, uri, 5) as (publication, _, collector):
         stream(publication, [collector], 20_000, lambda i: 64 + i % 900)
         collector.assert_exactly(20_000)
     sent, received = counters_of(a), counters_of(b)
@@ -573,11 +566,7 @@ def test_aborted_claims_on_a_udp_publication_are_padding_the_subscriber_reads_pa
     receiving driver took every datagram as valid."""
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
     a, b = launch(), launch()
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(uri, 21)
-        publication = ca.add_publication(uri, 21)
-        connect(publication, subscription)
-        collector = Collector(subscription)
+    with connected_stream(a, b, uri, 21) as (publication, _, collector):
         aborted = offer_with_aborted_claims(publication, 4_000, 7, message_of_size,
                                             poll=collector.poll)
         wait_for(lambda: collector.poll() >= 0 and len(collector.seen) >= 4_000, timeout=30,
