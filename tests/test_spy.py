@@ -115,24 +115,27 @@ def _offer_until_held(publication, received: Collector) -> int:
 
 
 @contextmanager
-def _untethered_spy(a, b, stream_id: int, window_limit_timeout: str, resting_timeout: str,
-                    ) -> Iterator[tuple[object, object, Collector, list]]:
-    """A stream from driver ``a`` to driver ``b``, connected, with an untethered spy at ``a``
-    on its own client: yields the publication, the spy, a Collector of ``b``'s subscription
-    and the list of the spy's images made unavailable."""
+def _spied_stream(a, b, stream_id: int, spy_params: str = "",
+                  ) -> Iterator[tuple[object, object, Collector, list]]:
+    """A stream from driver ``a`` to driver ``b``, connected, with a spy at ``a`` on its own
+    client (``spy_params`` added to its channel): yields the publication, the spy, a
+    Collector of ``b``'s subscription and the list of the spy's images made unavailable."""
     uri = _uri()
     left: list = []
     with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb, \
             Client.connect(a.directory) as spying:
         subscription = cb.add_subscription(uri, stream_id)
         publication = ca.add_publication(uri, stream_id)
-        spy = spying.add_subscription(
-            f"aeron-spy:{uri}|tether=false"
-            f"|untethered-window-limit-timeout={window_limit_timeout}"
-            f"|untethered-resting-timeout={resting_timeout}", stream_id,
-            on_unavailable_image=left.append)
+        spy = spying.add_subscription(f"aeron-spy:{uri}{spy_params}", stream_id,
+                                      on_unavailable_image=left.append)
         connect(publication, subscription, spy)
         yield publication, spy, Collector(subscription), left
+
+
+def _untethered(window_limit_timeout: str, resting_timeout: str) -> str:
+    """The channel parameters of an untethered spy with these timeouts."""
+    return (f"|tether=false|untethered-window-limit-timeout={window_limit_timeout}"
+            f"|untethered-resting-timeout={resting_timeout}")
 
 
 # -- the stream -------------------------------------------------------------------------------
@@ -140,19 +143,13 @@ def test_a_spy_reads_what_the_publication_sends_in_order_across_term_rotations(l
     """A spy and a real UDP subscriber (another driver) see the same stream, message for
     message: small, MTU-sized and fragmented messages, the 64 KiB terms rotating many times
     (the spy holds the publisher back while it polls, as Aeron's does)."""
-    uri = _uri()
     a, b = launch(), launch()
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb, \
-            Client.connect(a.directory) as spying:
-        subscription = cb.add_subscription(uri, 1001)
-        publication = ca.add_publication(uri, 1001)
-        spy = spying.add_subscription(f"aeron-spy:{uri}", 1001)
-        connect(publication, subscription, spy)
+    with _spied_stream(a, b, 1001) as (publication, spy, received, _):
         [image] = spy.images
         assert image.session_id == publication.session_id
         assert image.source_identity == "aeron:ipc"  # as Aeron names a spy's source
         assert image.join_position == 0
-        received, spied = Collector(subscription), Collector(spy)
+        spied = Collector(spy)
         stream(publication, [received, spied], 20_000, lambda i: (32, 1376, 5000, 200)[i % 4])
         received.assert_exactly(20_000)
         spied.assert_exactly(20_000)
@@ -339,15 +336,9 @@ def test_a_slow_spy_holds_the_publisher_not_the_sender(launch) -> None:
     """As Aeron's (tethered) spy: one that does not read holds pub-lmt within a term window
     of its position, so the publisher is back-pressured, while the sender sends all the log
     holds to the UDP subscriber; once the spy reads, the publisher goes on."""
-    uri = _uri()
     a, b = launch(), launch()
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb, \
-            Client.connect(a.directory) as spying:
-        subscription = cb.add_subscription(uri, 9)
-        publication = ca.add_publication(uri, 9)
-        spy = spying.add_subscription(f"aeron-spy:{uri}", 9)
-        connect(publication, subscription, spy)
-        received, spied = Collector(subscription), Collector(spy)
+    with _spied_stream(a, b, 9) as (publication, spy, received, _):
+        spied = Collector(spy)
         sent = 0
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
@@ -375,8 +366,8 @@ def test_an_untethered_spy_that_falls_behind_is_left_and_rejoins(launch) -> None
     skips), lingers as long again, and holds nothing more; after its resting timeout it
     rejoins where the sender is, with a new image."""
     a = launch()
-    with _untethered_spy(a, launch(), 10, "300ms", "500ms") as (publication, spy, received,
-                                                              left):
+    with _spied_stream(a, launch(), 10, _untethered("300ms", "500ms")) as (
+            publication, spy, received, left):
         [image] = spy.images
         sent = _offer_until_held(publication, received)
         held = time.monotonic()
@@ -401,7 +392,8 @@ def test_a_publication_closed_after_its_untethered_spy_was_left_behind_ends(laun
     close drops it at once; the publication drains, lingers (500 ms) and goes, its log file
     and its counters with it, well before the spy's linger would have ended."""
     a = launch()
-    with _untethered_spy(a, launch(), 13, "1s", "10s") as (publication, spy, received, left):
+    with _spied_stream(a, launch(), 13, _untethered("1s", "10s")) as (
+            publication, spy, received, left):
         sent = _offer_until_held(publication, received)
         _catch_up(received, sent)
         assert len(_logs(a)) == 1 and publisher_limits(a) == 1
