@@ -12,6 +12,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -408,6 +409,23 @@ def readdress(hosts: Any, index: int, subnet: int, *, keep: bool) -> str:
         host.run("ip", "addr", "del", f"{host.address}/24", "dev", host.veth)
     host.run("ip", "addr", "add", f"{address}/24", "dev", host.veth)
     return address
+
+
+@contextlib.contextmanager
+def running_archive(settings: Any) -> Iterator[Any]:
+    """An ArchiveService of ``settings`` (ArchiveSettings) run on a thread of its own: yields
+    the service; when the block ends it is stopped, its thread joined, and it is closed."""
+    from slipstream.archive.service import ArchiveService
+
+    stopping = threading.Event()
+    with ArchiveService(settings) as service:
+        runner = threading.Thread(target=service.run, args=(stopping.is_set,))
+        runner.start()
+        try:
+            yield service
+        finally:
+            stopping.set()
+            runner.join(10)
 
 
 def start_holding_archive(driver_dir: Path | None, address: str, port: int, archive_dir: Path, *,
