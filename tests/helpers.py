@@ -304,16 +304,18 @@ def connect(publication: Any, *subscriptions: Any) -> None:
 
 
 @contextlib.contextmanager
-def connected_stream(a: Any, b: Any, uri: str, stream_id: int,
+def connected_stream(a: Any, b: Any, uri: str, stream_id: int, *,
+                     publication_uri: str | None = None,
                      ) -> Iterator[tuple[Any, Any, Collector]]:
-    """A publication of ``uri``/``stream_id`` at a client of driver ``a`` and a subscription
-    of it at a client of driver ``b``, connected: yields the publication, the subscription
+    """A subscription of ``uri``/``stream_id`` at a client of driver ``b`` and a publication
+    at a client of driver ``a`` (of ``publication_uri`` if given, else ``uri``: its own
+    parameters, or a relay's address), connected: yields the publication, the subscription
     and a Collector of it.  Both clients close at the end."""
     from slipstream.client import Client
 
     with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
         subscription = cb.add_subscription(uri, stream_id)
-        publication = ca.add_publication(uri, stream_id)
+        publication = ca.add_publication(publication_uri or uri, stream_id)
         connect(publication, subscription)
         yield publication, subscription, Collector(subscription)
 

@@ -50,12 +50,10 @@ from slipstream.sim.real.relay import Relay
 def test_unicast_stream_between_two_drivers_exactly_once_in_order(launch) -> None:
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
     a, b = launch(), launch()
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(uri, 1001)
-        publication = ca.add_publication(uri, 1001)
+    with connected_stream(a, b, uri, 1001) as (publication, subscription, _):
         # (Connected need not mean that B's client has heard of the image yet: B's driver
-        # answers the SETUP and tells its client at once, and either may arrive first.)
-        connect(publication, subscription)
+        # answers the SETUP and tells its client at once, and either may arrive first;
+        # connected_stream waits for both.)
         [image] = subscription.images
         assert image.session_id == publication.session_id
         assert image.source_identity.startswith("127.0.0.1:")

@@ -108,11 +108,8 @@ def test_a_cubic_receiver_carries_a_lossy_stream_exactly_once(launch) -> None:
     a = launch()
     b = launch(debug_receive_data_loss=50_000, debug_receive_data_loss_seed=3,
                cubic_measure_rtt=True)
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(uri + "|cc=cubic", 5)
-        publication = ca.add_publication(uri, 5)
-        connect(publication, subscription)
-        collector = Collector(subscription)
+    with connected_stream(a, b, uri + "|cc=cubic", 5, publication_uri=uri) as (
+            publication, _, collector):
         stream(publication, [collector], 20_000, lambda i: 64 + i % 900)
         collector.assert_exactly(20_000)
     received = counters_of(b)
@@ -161,11 +158,8 @@ def test_a_subscriber_peeks_again_at_what_it_consumed_while_the_image_log_holds_
     refused (Spark's restart from a checkpoint relies on both)."""
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
     a, b = launch(), launch()
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(uri, 12)
-        publication = ca.add_publication(f"{uri}|term-length=64k", 12)
-        connect(publication, subscription)
-        collector = Collector(subscription)
+    with connected_stream(a, b, uri, 12, publication_uri=f"{uri}|term-length=64k") as (
+            publication, subscription, collector):
         stream(publication, [collector], 600, lambda i: 100)  # 160 B frames: over a term
         collector.assert_exactly(600)
         [image] = subscription.images
