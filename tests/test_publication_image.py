@@ -68,6 +68,17 @@ def receive_channel(shm: Path, uri: str = "aeron:udp?endpoint=10.0.0.2:40123", *
     return rc, counters
 
 
+def joined(shm: Path):
+    """A receive channel of one subscription with the image of ``setup()`` attached (one
+    subscriber) and its first SM sent, at time 0: (channel, counters, image, the
+    subscriber's position cell)."""
+    rc, counters = receive_channel(shm)
+    rc.on_datagram(setup(), SRC, 0)
+    image, cell = attach(rc)
+    rc.datagrams_to_send(0)
+    return rc, counters, image, cell
+
+
 def setup(active: int = 100, offset: int = 0, flags: int = 0) -> bytes:
     return Setup(offset, 1, 2, 100, active, TERM, 1408, 0, flags).encode()
 
@@ -112,10 +123,7 @@ def test_setup_creates_image_and_first_sm_at_once(shm: Path) -> None:
 def test_a_subscriber_position_past_the_hwm_is_held_there(shm: Path) -> None:
     """A client writes its subscriber position cell; one that says more than arrived (here
     near the int64 limit) neither moves the SM past the data nor cleans unread terms."""
-    rc, _counters = receive_channel(shm)
-    rc.on_datagram(setup(), SRC, 0)
-    image, cell = attach(rc)
-    rc.datagrams_to_send(0)
+    rc, _counters, image, cell = joined(shm)
     for i in range(4):
         rc.on_datagram(data(i * 64), SRC, 1)
     cell[0] = (1 << 63) - 16
@@ -136,10 +144,7 @@ def test_window_is_rcv_wnd_capped_at_half_term(shm: Path) -> None:
 
 def test_the_periodic_status_message_reports_what_subscribers_consumed_by_then(
         shm: Path) -> None:
-    rc, _ = receive_channel(shm)
-    rc.on_datagram(setup(), SRC, 0)
-    _image, cell = attach(rc)
-    rc.datagrams_to_send(0)  # the first SM, at 0
+    rc, _, _image, cell = joined(shm)
     rc.on_datagram(data(0), SRC, 1)
     cell[0] = 64  # consumed: far less than a quarter window, so no SM is scheduled
     assert rc.datagrams_to_send(2) == []
@@ -148,10 +153,7 @@ def test_the_periodic_status_message_reports_what_subscribers_consumed_by_then(
 
 
 def test_overrun_and_underrun_dropped(shm: Path) -> None:
-    rc, counters = receive_channel(shm)
-    rc.on_datagram(setup(), SRC, 0)
-    image, cell = attach(rc)
-    rc.datagrams_to_send(0)
+    rc, counters, image, cell = joined(shm)
     rc.on_datagram(data(TERM // 2), SRC, 1)  # position + length > last SM + term/2
     assert counters[SystemCounter.FLOW_CONTROL_OVER_RUNS] == 1
     rc.on_datagram(data(0), SRC, 2)
@@ -167,10 +169,7 @@ def test_overrun_and_underrun_dropped(shm: Path) -> None:
 
 
 def test_a_heartbeat_past_the_window_is_an_over_run_and_raises_nothing(shm: Path) -> None:
-    rc, counters = receive_channel(shm)
-    rc.on_datagram(setup(), SRC, 0)
-    image, _cell = attach(rc)
-    rc.datagrams_to_send(0)
+    rc, counters, image, _cell = joined(shm)
     # A forged heartbeat two terms ahead: it must not move the hwm (or the log's tail).
     rc.on_datagram(Heartbeat(0, 1, 2, 102, 0x00).encode(), SRC, 1)
     assert counters[SystemCounter.FLOW_CONTROL_OVER_RUNS] == 1
@@ -324,10 +323,7 @@ def test_a_response_endpoint_elicits_each_session_it_was_told_of(shm: Path) -> N
 
 
 def test_rttm_reply_echoed(shm: Path) -> None:
-    rc, _ = receive_channel(shm)
-    rc.on_datagram(setup(), SRC, 0)
-    attach(rc)
-    rc.datagrams_to_send(0)
+    rc, _, _, _ = joined(shm)
     rc.on_datagram(Rttm(1, 2, 555, 0, 0, 0x80).encode(), SRC, 1)
     out = [decode(d.data) for d in rc.datagrams_to_send(1)]
     assert Rttm(1, 2, 555, 0, 7, 0) in out
@@ -356,10 +352,7 @@ def test_malformed_datagrams_counted(shm: Path, bad: bytes) -> None:
 
 
 def test_large_pad_is_not_an_overrun_and_completes_the_term(shm: Path) -> None:
-    rc, counters = receive_channel(shm)
-    rc.on_datagram(setup(), SRC, 0)
-    image, _ = attach(rc)
-    rc.datagrams_to_send(0)
+    rc, counters, image, _ = joined(shm)
     rc.on_datagram(data(0), SRC, 1)
     rc.on_datagram(Pad(64, 1, 2, 100, TERM - 64).encode(), SRC, 1)
     rc.datagrams_to_send(1)
@@ -372,10 +365,7 @@ def test_an_aborted_claims_pad_mid_term_stands_for_its_aligned_length(shm: Path)
     """An aborted claim of 100 bytes is a PAD of frame_length 132 (not a multiple of 32): the
     receiver inserts its header, which stands for 160 bytes of the term, and the data after
     it follows in order; nothing is NAKed, nothing is invalid."""
-    rc, counters = receive_channel(shm)
-    rc.on_datagram(setup(), SRC, 0)
-    image, _ = attach(rc)
-    rc.datagrams_to_send(0)
+    rc, counters, image, _ = joined(shm)
     rc.on_datagram(data(0), SRC, 1)
     rc.on_datagram(Pad(64, 1, 2, 100, 132).encode(), SRC, 1)
     rc.on_datagram(data(64 + 160), SRC, 1)
