@@ -141,6 +141,18 @@ def counters_of(driver: Any) -> dict[str, int]:
     return {c.name: v for c, v in read_system_counters(driver.directory).items()}
 
 
+def counters_labelled(driver: Any, prefix: str) -> list[Any]:
+    """The counters (CounterInfo) of ``driver`` whose labels start with ``prefix``."""
+    from slipstream.client import control
+    from slipstream.client.counters import CountersFile
+
+    counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
+    try:
+        return [info for info in counters if info.label.startswith(prefix)]
+    finally:
+        counters.close()
+
+
 def publisher_limits(driver: Any) -> int:
     """How many pub-lmt counters ``driver`` has: its publications that are not freed yet."""
     from slipstream.client import control

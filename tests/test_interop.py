@@ -33,6 +33,7 @@ from aeron_peer import (
 )
 from helpers import (
     FAST_DRIVER_SETTINGS,
+    counters_labelled,
     free_port,
     lacking,
     offer_with_aborted_claims,
@@ -620,9 +621,5 @@ def test_a_slipstream_sender_under_min_or_tagged_holds_to_a_stock_aeron_receiver
         assert subscriber.sequence_numbers() == list(range(messages))
         longest_gap = max(b - a for a, b in itertools.pairwise(times))
         assert longest_gap > 1.0, f"slipstream's subscriber never waited ({longest_gap:.3f} s)"
-        counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
-        try:
-            receivers = [c.value for c in counters if c.label.startswith("fc-receivers: ")]
-        finally:
-            counters.close()
+        receivers = [c.value for c in counters_labelled(driver, "fc-receivers: ")]
         assert receivers == [2 if strategy == "min" else 1]

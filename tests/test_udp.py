@@ -20,6 +20,7 @@ from helpers import (
     Collector,
     connect,
     connected_stream,
+    counters_labelled,
     counters_of,
     free_port,
     message,
@@ -36,9 +37,8 @@ from slipstream.client import (
     Publication,
     SlipstreamError,
     Subscription,
-    control,
 )
-from slipstream.client.counters import CountersFile, CounterType
+from slipstream.client.counters import CounterType
 from slipstream.client.frames import Data, Pad, Rejected, decode_datagram
 from slipstream.client.layout import HDR_TYPE_PAD, HEADER_LENGTH
 from slipstream.daemon.driver import MediaDriver
@@ -167,11 +167,7 @@ def test_multicast_to_several_subscriber_drivers(launch) -> None:
             collector.assert_exactly(10_000)
         # The receivers min flow control holds the sender to are a counter (Aeron's
         # fc-receivers, type 17), in stat as in AeronStat.
-        counters = CountersFile(publisher.directory / control.COUNTERS_FILE, writable=False)
-        try:
-            [receivers] = [c for c in counters if c.label.startswith("fc-receivers: ")]
-        finally:
-            counters.close()
+        [receivers] = counters_labelled(publisher, "fc-receivers: ")
         assert (receivers.type_id, receivers.value) == (CounterType.FC_RECEIVERS, 3)
         assert run_stat(publisher).stdout.count("fc-receivers: ") == 1
 
@@ -215,11 +211,7 @@ def test_nak_strength_slows_a_multicast_sender_to_a_slow_subscriber_and_loses_no
         stream(publication, collectors, 10_000, lambda i: 1000, timeout=60)
         for collector in collectors:
             collector.assert_exactly(10_000)
-        counters = CountersFile(publisher.directory / control.COUNTERS_FILE, writable=False)
-        try:
-            [rate_limit] = [info for info in counters if info.label.startswith("snd-rate: ")]
-        finally:
-            counters.close()
+        [rate_limit] = counters_labelled(publisher, "snd-rate: ")
         assert rate_limit.type_id == CounterType.SENDER_RATE_LIMIT
         assert run_stat(publisher).stdout.count("snd-rate: ") == 1  # while the stream lives
     sent, slow = counters_of(publisher), counters_of(subscribers[1])
