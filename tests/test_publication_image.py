@@ -562,6 +562,18 @@ def _two_destinations(shm: Path):
     return rc, counters, first, second, control_group
 
 
+def _joined_through_first(rc: ChannelWithLogs):
+    """The image of ``setup()`` from SRC, come through ``rc``'s first destination at time
+    0, attached; its first SM goes back along that path alone.  Returns the image."""
+    rc.arrival_destination = 0
+    rc.on_control(setup(), SRC, 0)
+    rc.arrival_destination = -1
+    image, _cell = attach(rc)
+    [sm] = rc.datagrams_to_send(0)
+    assert (sm.address, sm.via) == (SRC, 0)
+    return image
+
+
 def test_a_multi_destination_image_takes_every_path_and_answers_the_live_ones(
         shm: Path) -> None:
     """Two destinations of one control-mode=manual channel feed one image: the SETUP through
@@ -574,12 +586,7 @@ def test_a_multi_destination_image_takes_every_path_and_answers_the_live_ones(
     with pytest.raises(ValueError):
         rc.attach_destination(1, second, None)  # a slot taken
     other = ("10.0.0.9", 6000)
-    rc.arrival_destination = 0
-    rc.on_control(setup(), SRC, 0)
-    rc.arrival_destination = -1
-    image, _cell = attach(rc)
-    [sm] = rc.datagrams_to_send(0)
-    assert (sm.address, sm.via) == (SRC, 0)
+    image = _joined_through_first(rc)
 
     assert _via(second, data(0), other, 10) == 0
     assert _via(first, data(0), SRC, 11) == 0  # the same frame again: a duplicate
@@ -611,12 +618,7 @@ def test_a_datagram_from_elsewhere_does_not_redirect_a_live_path(shm: Path) -> N
     liveness timeout, the next data in the window sets it anew."""
     rc, counters, first, second, control_group = _two_destinations(shm)
     forger = ("10.0.0.66", 6666)
-    rc.arrival_destination = 0
-    rc.on_control(setup(), SRC, 0)
-    rc.arrival_destination = -1
-    image, _cell = attach(rc)
-    [sm] = rc.datagrams_to_send(0)
-    assert (sm.address, sm.via) == (SRC, 0)
+    image = _joined_through_first(rc)
 
     def sm_paths(now_ns: int) -> list:
         return sorted((d.address, d.via) for d in rc.datagrams_to_send(now_ns)
