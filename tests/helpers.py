@@ -315,6 +315,17 @@ def connect(publication: Any, *subscriptions: Any) -> None:
              and all(s.images for s in subscriptions), what="the stream connected")
 
 
+def connected_ipc(client: Any, stream_id: int, channel: str = "aeron:ipc", *,
+                  publication_channel: str | None = None) -> tuple[Any, Any]:
+    """A subscription of ``channel``/``stream_id`` at ``client``, then a publication (of
+    ``publication_channel`` if given, else ``channel``), connected: (publication,
+    subscription)."""
+    subscription = client.add_subscription(channel, stream_id)
+    publication = client.add_publication(publication_channel or channel, stream_id)
+    connect(publication, subscription)
+    return publication, subscription
+
+
 @contextlib.contextmanager
 def connected_stream(a: Any, b: Any, uri: str, stream_id: int, *,
                      publication_uri: str | None = None,
