@@ -551,7 +551,7 @@ def test_the_archive_records_an_encrypted_stream_from_its_plain_log(hosts, tmp_p
     from test_archive import (
         archive_process,
         check_recording,
-        publish,
+        publish_to_the_end,
         wait_for_recording,
         write_config,
     )
@@ -567,11 +567,7 @@ def test_the_archive_records_an_encrypted_stream_from_its_plain_log(hosts, tmp_p
         publication = ca.add_publication(channel, 25)
         wait_for(lambda: publication.is_connected, what="the receiver connected")
         wait_for_recording(archive_dir)
-        positions = publish(publication, 1500, [receiver])
-        wait_for(lambda: receiver.poll() >= 0 and len(receiver.seen) >= 1500, timeout=30,
-                 what="the receiver read everything")
-        publication.close()
-        descriptor = wait_for_recording(archive_dir, ended=True)
+        positions, descriptor = publish_to_the_end(publication, receiver, archive_dir, 1500)
     receiver.assert_exactly(1500)
     check_recording(descriptor, archive_dir, positions)
     assert drops(a) == drops(b) == dict.fromkeys(DROPS, 0)
