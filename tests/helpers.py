@@ -12,6 +12,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -138,6 +139,18 @@ def counters_of(driver: Any) -> dict[str, int]:
     from slipstream.client.counters import read_system_counters
 
     return {c.name: v for c, v in read_system_counters(driver.directory).items()}
+
+
+def counters_labelled(driver: Any, prefix: str) -> list[Any]:
+    """The counters (CounterInfo) of ``driver`` whose labels start with ``prefix``."""
+    from slipstream.client import control
+    from slipstream.client.counters import CountersFile
+
+    counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
+    try:
+        return [info for info in counters if info.label.startswith(prefix)]
+    finally:
+        counters.close()
 
 
 def publisher_limits(driver: Any) -> int:
@@ -328,6 +341,34 @@ def connect(publication: Any, *subscriptions: Any) -> None:
              and all(s.images for s in subscriptions), what="the stream connected")
 
 
+def connected_ipc(client: Any, stream_id: int, channel: str = "aeron:ipc", *,
+                  publication_channel: str | None = None) -> tuple[Any, Any]:
+    """A subscription of ``channel``/``stream_id`` at ``client``, then a publication (of
+    ``publication_channel`` if given, else ``channel``), connected: (publication,
+    subscription)."""
+    subscription = client.add_subscription(channel, stream_id)
+    publication = client.add_publication(publication_channel or channel, stream_id)
+    connect(publication, subscription)
+    return publication, subscription
+
+
+@contextlib.contextmanager
+def connected_stream(a: Any, b: Any, uri: str, stream_id: int, *,
+                     publication_uri: str | None = None,
+                     ) -> Iterator[tuple[Any, Any, Collector]]:
+    """A subscription of ``uri``/``stream_id`` at a client of driver ``b`` and a publication
+    at a client of driver ``a`` (of ``publication_uri`` if given, else ``uri``: its own
+    parameters, or a relay's address), connected: yields the publication, the subscription
+    and a Collector of it.  Both clients close at the end."""
+    from slipstream.client import Client
+
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        subscription = cb.add_subscription(uri, stream_id)
+        publication = ca.add_publication(publication_uri or uri, stream_id)
+        connect(publication, subscription)
+        yield publication, subscription, Collector(subscription)
+
+
 Counters = dict[str, int]
 
 
@@ -337,14 +378,8 @@ def stream_counted(a: Any, b: Any, uri: str, stream_id: int,
     """``count`` MTU-sized messages (1376 B, a datagram each) from a client of ``a`` to one
     of ``b``, checked exactly once and in order; returns both drivers' counters before and
     after the stream, ``(a's, b's)`` each, and the seconds it took."""
-    from slipstream.client import Client
-
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(uri, stream_id)
-        publication = ca.add_publication(uri, stream_id)
-        connect(publication, subscription)
+    with connected_stream(a, b, uri, stream_id) as (publication, _, collector):
         before, started = (counters_of(a), counters_of(b)), time.monotonic()
-        collector = Collector(subscription)
         stream(publication, [collector], count, lambda i: 1376)
         collector.assert_exactly(count)
         elapsed = time.monotonic() - started
@@ -425,6 +460,23 @@ def readdress(hosts: Any, index: int, subnet: int, *, keep: bool) -> str:
         host.run("ip", "addr", "del", f"{host.address}/24", "dev", host.veth)
     host.run("ip", "addr", "add", f"{address}/24", "dev", host.veth)
     return address
+
+
+@contextlib.contextmanager
+def running_archive(settings: Any) -> Iterator[Any]:
+    """An ArchiveService of ``settings`` (ArchiveSettings) run on a thread of its own: yields
+    the service; when the block ends it is stopped, its thread joined, and it is closed."""
+    from slipstream.archive.service import ArchiveService
+
+    stopping = threading.Event()
+    with ArchiveService(settings) as service:
+        runner = threading.Thread(target=service.run, args=(stopping.is_set,))
+        runner.start()
+        try:
+            yield service
+        finally:
+            stopping.set()
+            runner.join(10)
 
 
 def start_holding_archive(driver_dir: Path | None, address: str, port: int, archive_dir: Path, *,

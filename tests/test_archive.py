@@ -161,6 +161,18 @@ def publish(publication, count: int, collectors: list[Collector] = (), first: in
     return positions
 
 
+def publish_to_the_end(publication, receiver: Collector, archive_dir: Path,
+                       count: int) -> tuple[list[int], RecordingDescriptor]:
+    """Publish ``count`` messages while ``receiver`` polls, until it read them all (30 s at
+    most), then close ``publication``: the positions after each message and the recording's
+    descriptor once it ended."""
+    positions = publish(publication, count, [receiver])
+    wait_for(lambda: receiver.poll() >= 0 and len(receiver.seen) >= count, timeout=30,
+             what="the receiver read everything")
+    publication.close()
+    return positions, wait_for_recording(archive_dir, ended=True)
+
+
 def check_recording(descriptor: RecordingDescriptor, archive_dir: Path,
                     positions: list[int], first: int = 0,
                     sizes: Callable[[int], int] = size_of) -> None:
@@ -222,11 +234,7 @@ def test_a_local_udp_stream_is_recorded_through_a_spy(launch, tmp_path: Path) ->
         wait_for(lambda: publication.is_connected, what="the receiver connected")
         descriptor = wait_for_recording(archive_dir)
         assert descriptor.source_identity  # the spy's image names its source
-        positions = publish(publication, 1500, [receiver])
-        wait_for(lambda: receiver.poll() >= 0 and len(receiver.seen) >= 1500, timeout=30,
-                 what="the receiver read everything")
-        publication.close()
-        descriptor = wait_for_recording(archive_dir, ended=True)
+        positions, descriptor = publish_to_the_end(publication, receiver, archive_dir, 1500)
     receiver.assert_exactly(1500)
     assert descriptor.end_reason is EndReason.END_OF_STREAM
     assert descriptor.stop_position == positions[-1] > 8 * SEGMENT

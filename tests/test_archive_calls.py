@@ -25,6 +25,7 @@ from helpers import (
     free_port,
     message,
     run_stat,
+    running_archive,
     wait_for,
 )
 from test_archive import archive_process, recorded_messages, recordings, wait_for_recording
@@ -248,35 +249,28 @@ def test_an_archive_restricted_to_subnets_answers_no_call_from_outside_and_count
         settings = ArchiveSettings.from_mapping({
             "dir": str(tmp_path / f"archive-{answered}"), "driver_dir": str(driver.directory),
             "control_port": port, "control_subnets": subnets})
-        stopping = threading.Event()
-        with ArchiveService(settings) as service:
-            runner = threading.Thread(target=service.run, args=(stopping.is_set,))
-            runner.start()
-            try:
-                with Client.connect(driver.directory) as client, \
-                        ArchiveClient(client, "127.0.0.1", port, CONTROL_STREAM,
-                                      timeout_s=2) as caller:
-                    for _ in range(3):
-                        if answered:
-                            assert caller.list_recordings() == []
-                        else:
-                            with pytest.raises(CallError, match="did not answer"):
-                                caller._link.call("list\nforged log line")
-                    refusals = [r.getMessage() for r in caplog.records
-                                if "call-outside-subnets" in r.getMessage()]
-                    assert len(refusals) == (0 if answered else 1), refusals
-                    assert all("\n" not in line and "forged log line" in line
-                               for line in refusals), refusals
-                    assert service.control is not None
-                    assert service.control.refused["call-outside-subnets"] == \
-                        (0 if answered else 3)
-                    counters = CountersFile(Path(driver.directory) / COUNTERS_FILE,
-                                            writable=False)
-                    assert read_calls_refused(counters, str(settings.dir))[
-                        "call-outside-subnets"] == (0 if answered else 3)
-            finally:
-                stopping.set()
-                runner.join(10)
+        with running_archive(settings) as service:
+            with Client.connect(driver.directory) as client, \
+                    ArchiveClient(client, "127.0.0.1", port, CONTROL_STREAM,
+                                  timeout_s=2) as caller:
+                for _ in range(3):
+                    if answered:
+                        assert caller.list_recordings() == []
+                    else:
+                        with pytest.raises(CallError, match="did not answer"):
+                            caller._link.call("list\nforged log line")
+                refusals = [r.getMessage() for r in caplog.records
+                            if "call-outside-subnets" in r.getMessage()]
+                assert len(refusals) == (0 if answered else 1), refusals
+                assert all("\n" not in line and "forged log line" in line
+                           for line in refusals), refusals
+                assert service.control is not None
+                assert service.control.refused["call-outside-subnets"] == \
+                    (0 if answered else 3)
+                counters = CountersFile(Path(driver.directory) / COUNTERS_FILE,
+                                        writable=False)
+                assert read_calls_refused(counters, str(settings.dir))[
+                    "call-outside-subnets"] == (0 if answered else 3)
 
 
 @pytest.mark.parametrize(("values", "key", "why"), [
@@ -332,19 +326,12 @@ def test_a_keyed_recording_replicates_over_keyed_calls_and_never_over_plain_ones
             continue
         # In this process, to count its looks at the peer: ten lists of its recordings
         # answered, none of them naming the k1 recording, so nothing fetched.
-        stopping = threading.Event()
-        with ArchiveService(settings) as service:
-            runner = threading.Thread(target=service.run, args=(stopping.is_set,))
-            runner.start()
-            try:
-                replicator = service.replicator
-                assert replicator is not None
-                wait_for(lambda r=replicator: r.looked >= 10, timeout=30,
-                         what="ten looks at the peer")
-                assert recordings(b_dir) == [] and replicator.fetched == 0
-            finally:
-                stopping.set()
-                runner.join(10)
+        with running_archive(settings) as service:
+            replicator = service.replicator
+            assert replicator is not None
+            wait_for(lambda r=replicator: r.looked >= 10, timeout=30,
+                     what="ten looks at the peer")
+            assert recordings(b_dir) == [] and replicator.fetched == 0
 
 
 def test_a_local_record_without_key_of_a_keyed_publication_is_a_recording_of_its_key(
@@ -365,59 +352,52 @@ def test_a_local_record_without_key_of_a_keyed_publication_is_a_recording_of_its
         "control_port": ports[None], "control_keys": {"k1": ports["k1"]},
         "record": [{"channel": f"aeron:udp?endpoint={endpoint}", "stream_id": STREAM},
                    {"channel": "aeron:ipc", "stream_id": HELD_STREAM}]})
-    stopping = threading.Event()
-    with ArchiveService(settings) as service:
-        runner = threading.Thread(target=service.run, args=(stopping.is_set,))
-        runner.start()
-        try:
-            with Client.connect(driver.directory) as client:
-                publication = client.add_publication(
-                    f"aeron:udp?endpoint={endpoint}|ssc=true|key=k1", STREAM)
-                wait_for(lambda: publication.is_connected, timeout=20,
-                         what="the archive's spy joined")
-                publish_all(publication, MESSAGES)
-                publication.close()
-                descriptor = wait_for_recording(settings.dir, ended=True, timeout=30)
-                plain_publication = client.add_publication("aeron:ipc", HELD_STREAM)
-                wait_for(lambda: plain_publication.is_connected, timeout=20,
-                         what="the archive subscribed to the plain stream")
-                publish_all(plain_publication, 10)
-                plain_recording = wait_for_recording(settings.dir, index=1)
-                assert descriptor.channel == f"aeron:udp?endpoint={endpoint}|key=k1"
-                assert len(recorded_messages(descriptor, settings.dir)) == MESSAGES
-                with ArchiveClient(client, "127.0.0.1", ports[None], CONTROL_STREAM,
-                                   timeout_s=10) as plain, \
-                        ArchiveClient(client, "127.0.0.1", ports["k1"], CONTROL_STREAM,
-                                      key="k1", timeout_s=10) as k1:
-                    assert [r.recording_id for r in plain.list_recordings()] == \
-                        [plain_recording.recording_id]
-                    with pytest.raises(CallError, match=f"no recording {descriptor.recording_id}"):
-                        plain.replay(descriptor.recording_id)
-                    assert [r.recording_id for r in k1.list_recordings(stream_id=STREAM)] == \
-                        [descriptor.recording_id]
-                    collector: list[int] = []
-                    with k1.replay(descriptor.recording_id) as replay:
-                        replay.read_all(
-                            lambda d, _h: collector.append(SEQUENCE.unpack_from(d)[0]),
-                            timeout_s=30)
-                    assert collector == list(range(MESSAGES))
-                    follow = k1.start_replay(plain_recording.recording_id,
-                                             f"aeron:udp?endpoint=127.0.0.1:{free_port()}", 7)
-                    assert [r["replay_id"] for r in plain._call("replays")] == []
-                    assert plain.stop_replay(follow.replay_id) is False
-                    assert [r["replay_id"] for r in k1._call("replays")] == [follow.replay_id]
-                    assert k1.stop_replay(follow.replay_id) is True
-                    # Nor is a plain caller's replay the k1 caller's to see or stop.
-                    plain_follow = plain.start_replay(
-                        plain_recording.recording_id,
-                        f"aeron:udp?endpoint=127.0.0.1:{free_port()}", 8)
-                    assert [r["replay_id"] for r in k1._call("replays")] == []
-                    assert k1.stop_replay(plain_follow.replay_id) is False
-                    assert plain.stop_replay(plain_follow.replay_id) is True
-                plain_publication.close()
-        finally:
-            stopping.set()
-            runner.join(10)
+    with running_archive(settings):
+        with Client.connect(driver.directory) as client:
+            publication = client.add_publication(
+                f"aeron:udp?endpoint={endpoint}|ssc=true|key=k1", STREAM)
+            wait_for(lambda: publication.is_connected, timeout=20,
+                     what="the archive's spy joined")
+            publish_all(publication, MESSAGES)
+            publication.close()
+            descriptor = wait_for_recording(settings.dir, ended=True, timeout=30)
+            plain_publication = client.add_publication("aeron:ipc", HELD_STREAM)
+            wait_for(lambda: plain_publication.is_connected, timeout=20,
+                     what="the archive subscribed to the plain stream")
+            publish_all(plain_publication, 10)
+            plain_recording = wait_for_recording(settings.dir, index=1)
+            assert descriptor.channel == f"aeron:udp?endpoint={endpoint}|key=k1"
+            assert len(recorded_messages(descriptor, settings.dir)) == MESSAGES
+            with ArchiveClient(client, "127.0.0.1", ports[None], CONTROL_STREAM,
+                               timeout_s=10) as plain, \
+                    ArchiveClient(client, "127.0.0.1", ports["k1"], CONTROL_STREAM,
+                                  key="k1", timeout_s=10) as k1:
+                assert [r.recording_id for r in plain.list_recordings()] == \
+                    [plain_recording.recording_id]
+                with pytest.raises(CallError, match=f"no recording {descriptor.recording_id}"):
+                    plain.replay(descriptor.recording_id)
+                assert [r.recording_id for r in k1.list_recordings(stream_id=STREAM)] == \
+                    [descriptor.recording_id]
+                collector: list[int] = []
+                with k1.replay(descriptor.recording_id) as replay:
+                    replay.read_all(
+                        lambda d, _h: collector.append(SEQUENCE.unpack_from(d)[0]),
+                        timeout_s=30)
+                assert collector == list(range(MESSAGES))
+                follow = k1.start_replay(plain_recording.recording_id,
+                                         f"aeron:udp?endpoint=127.0.0.1:{free_port()}", 7)
+                assert [r["replay_id"] for r in plain._call("replays")] == []
+                assert plain.stop_replay(follow.replay_id) is False
+                assert [r["replay_id"] for r in k1._call("replays")] == [follow.replay_id]
+                assert k1.stop_replay(follow.replay_id) is True
+                # Nor is a plain caller's replay the k1 caller's to see or stop.
+                plain_follow = plain.start_replay(
+                    plain_recording.recording_id,
+                    f"aeron:udp?endpoint=127.0.0.1:{free_port()}", 8)
+                assert [r["replay_id"] for r in k1._call("replays")] == []
+                assert k1.stop_replay(plain_follow.replay_id) is False
+                assert plain.stop_replay(plain_follow.replay_id) is True
+            plain_publication.close()
 
 
 def test_a_plain_call_naming_a_keyed_callers_reply_address_does_not_stop_its_answers(
@@ -508,33 +488,26 @@ def test_a_held_stream_call_cannot_make_the_archive_subscribe_towards_a_host_it_
     settings = ArchiveSettings.from_mapping({
         "dir": str(tmp_path / "archive"), "driver_dir": str(driver.directory),
         "control_port": port, "control_subnets": "127.0.0.0/8"})
-    stopping = threading.Event()
-    with ArchiveService(settings) as service:
-        runner = threading.Thread(target=service.run, args=(stopping.is_set,))
-        runner.start()
-        try:
-            with Client.connect(driver.directory) as client, \
-                    ArchiveClient(client, "127.0.0.1", port, CONTROL_STREAM,
-                                  timeout_s=10) as caller:
-                local = f"127.0.0.1:{free_port()}"
-                for channel in (f"aeron:udp?endpoint={local}|control=10.9.9.9:4000|"
-                                f"control-mode=dynamic",
-                                f"aeron:udp?endpoint=10.9.9.9:{free_port()}"):
-                    refusal(lambda c=channel: caller._link.call(
-                        "state", channel=c, stream_id=STREAM, group="g"),
-                        "call-outside-subnets")
-                with pytest.raises(CallError, match="takes no control= or control-mode="):
-                    caller._link.call("state", channel=f"aeron:udp?control=127.0.0.1:"
-                                      f"{free_port()}|control-mode=dynamic",
-                                      stream_id=STREAM, group="g")
-                assert "sessions" in caller._link.call(
-                    "state", channel=f"aeron:udp?endpoint={local}", stream_id=STREAM,
-                    group="g")
-                assert service.control is not None
-                assert service.control.refused["call-outside-subnets"] == 2
-        finally:
-            stopping.set()
-            runner.join(10)
+    with running_archive(settings) as service:
+        with Client.connect(driver.directory) as client, \
+                ArchiveClient(client, "127.0.0.1", port, CONTROL_STREAM,
+                              timeout_s=10) as caller:
+            local = f"127.0.0.1:{free_port()}"
+            for channel in (f"aeron:udp?endpoint={local}|control=10.9.9.9:4000|"
+                            f"control-mode=dynamic",
+                            f"aeron:udp?endpoint=10.9.9.9:{free_port()}"):
+                refusal(lambda c=channel: caller._link.call(
+                    "state", channel=c, stream_id=STREAM, group="g"),
+                    "call-outside-subnets")
+            with pytest.raises(CallError, match="takes no control= or control-mode="):
+                caller._link.call("state", channel=f"aeron:udp?control=127.0.0.1:"
+                                  f"{free_port()}|control-mode=dynamic",
+                                  stream_id=STREAM, group="g")
+            assert "sessions" in caller._link.call(
+                "state", channel=f"aeron:udp?endpoint={local}", stream_id=STREAM,
+                group="g")
+            assert service.control is not None
+            assert service.control.refused["call-outside-subnets"] == 2
 
 
 def test_a_plain_and_a_keyed_query_holder_on_one_port_are_refused_naming_replay_port(

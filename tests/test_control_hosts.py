@@ -145,6 +145,15 @@ class Stream:
                 time.sleep(0.0002)
         return (self.sent - sent) / (time.monotonic() - start)
 
+    def read_the_rest(self, timeout: float = 20.0) -> None:
+        """Poll until every message sent arrived (within ``timeout`` s): each exactly once,
+        in order."""
+        deadline = time.monotonic() + timeout
+        while len(self.collector.seen) < self.sent:
+            assert time.monotonic() < deadline, (len(self.collector.seen), self.sent)
+            self.collector.poll()
+        self.collector.assert_exactly(self.sent)
+
 
 def attack(host, frames: list[bytes], target: tuple[str, int], *, count: int, rate: float,
            spoof: tuple[str, int] | None = None, track: dict | None = None,
@@ -230,11 +239,7 @@ def test_forged_control_from_the_segment_changes_nothing(needs_hosts) -> None:
             after = counters_of(publisher_driver)
 
             # The rest of the stream arrives.
-            deadline = time.monotonic() + 20
-            while len(stream.collector.seen) < stream.sent:
-                assert time.monotonic() < deadline, (len(stream.collector.seen), stream.sent)
-                stream.collector.poll()
-            stream.collector.assert_exactly(stream.sent)
+            stream.read_the_rest()
             refusals = [e for e in read_error_log(publisher_driver.directory)
                         if "refused the image" in e.message]
 
@@ -330,11 +335,7 @@ def test_forged_control_from_the_attackers_own_address_on_multicast(needs_hosts)
                               freeze={"receiver_id": 0xBAD, "window": 128 * 1024})
             figures["rate under a frozen newcomer"] = round(stream.run(PHASE_S, newcomer))
             after = counters_of(publisher_driver)
-            deadline = time.monotonic() + 20
-            while len(stream.collector.seen) < stream.sent:
-                assert time.monotonic() < deadline, (len(stream.collector.seen), stream.sent)
-                stream.collector.poll()
-            stream.collector.assert_exactly(stream.sent)
+            stream.read_the_rest()
 
         drops = {k: v for k, v in after.items() if k.endswith("_DROPS") and v}
         figures["drops"] = drops

@@ -167,27 +167,42 @@ def _sigterm_and_wait(driver: MediaDriver, timeout: float = 20.0,
     return code, time.monotonic() - started
 
 
+def _stop_with_a_window_to_drain(driver, publisher: Publisher, subscriber: Subscriber,
+                                 flowing_timeout: float) -> tuple[int, float]:
+    """Start the stream; once it flows, leave a full window to drain, across a term's end
+    (the reader held where a window beyond it is in the next term, until the publisher is
+    back-pressured), then SIGTERM ``driver`` and let the reader go on: its exit code and
+    the seconds it took."""
+    subscriber.start()
+    publisher.start()
+    wait_for(lambda: publisher.accepted > 20_000, timeout=flowing_timeout,
+             what="the stream flowing")
+    subscriber.hold_within = (TERM - WINDOW + 1024, TERM - 1024)
+    _backlog(publisher, subscriber, WINDOW)
+    publisher.signalled.set()
+    return _sigterm_and_wait(driver, then=subscriber.resume.set)
+
+
+def _assert_drained_all_accepted(code: int, took: float, publisher: Publisher,
+                                 subscriber: Subscriber) -> None:
+    """The driver exited cleanly within its drain timeout, and the subscriber read every
+    message an offer accepted, once and intact."""
+    assert code == 0
+    assert took < DRAIN_S, f"the drain took {took:.1f} s: it should finish, not time out"
+    assert subscriber.wrong == []
+    assert subscriber.received == publisher.accepted  # every accepted message, once
+
+
 def test_an_ipc_stream_stopped_mid_flight_loses_nothing_offer_accepted(launch) -> None:
     driver = launch(**{**FAST_DRIVER_SETTINGS, "drain_timeout": f"{DRAIN_S}s"})
     with Client.connect(driver.directory) as client:
         subscriber = Subscriber(client.add_subscription("aeron:ipc", 10))
         publisher = Publisher(client.add_publication("aeron:ipc", 10))
-        subscriber.start()
-        publisher.start()
-        wait_for(lambda: publisher.accepted > 20_000, timeout=20, what="the stream flowing")
-        # A full window left to drain, across a term's end: hold the reader where a window
-        # beyond it is in the next term, until the publisher is back-pressured.
-        subscriber.hold_within = (TERM - WINDOW + 1024, TERM - 1024)
-        _backlog(publisher, subscriber, WINDOW)
-        publisher.signalled.set()
-        code, took = _sigterm_and_wait(driver, then=subscriber.resume.set)
+        code, took = _stop_with_a_window_to_drain(driver, publisher, subscriber, 20)
         publisher.join(5)
         subscriber.join(5)
-    assert code == 0
-    assert took < DRAIN_S, f"the drain took {took:.1f} s: it should finish, not time out"
+    _assert_drained_all_accepted(code, took, publisher, subscriber)
     assert publisher.results_after_signal == [BACK_PRESSURED, CLOSED]
-    assert subscriber.wrong == []
-    assert subscriber.received == publisher.accepted  # every accepted message, once
     assert isinstance(subscriber.ended_by, DriverNotRunningError)
     assert "draining" in str(subscriber.ended_by)
 
@@ -208,27 +223,18 @@ def test_a_udp_stream_stopped_mid_flight_with_loss_loses_nothing_offer_accepted(
                  what="the stream connected")
         subscriber = Subscriber(subscription)
         publisher = Publisher(publication)
-        subscriber.start()
-        publisher.start()
-        wait_for(lambda: publisher.accepted > 20_000, timeout=30, what="the stream flowing")
         # The publisher's window beyond the sender, itself up to a receiver window ahead.
-        subscriber.hold_within = (TERM - WINDOW + 1024, TERM - 1024)
-        _backlog(publisher, subscriber, WINDOW)
-        publisher.signalled.set()
-        code, took = _sigterm_and_wait(sender, then=subscriber.resume.set)
+        code, took = _stop_with_a_window_to_drain(sender, publisher, subscriber, 30)
         publisher.join(5)
         # The receiving side took everything before the sender went, and saw its EOS: the
         # image goes at once, not after the image liveness timeout.
         wait_for(lambda: not subscription.images, timeout=3, what="the image ended by EOS")
         subscriber.stop_polling.set()
         subscriber.join(5)
-    assert code == 0
-    assert took < DRAIN_S, f"the drain took {took:.1f} s: it should finish, not time out"
+    _assert_drained_all_accepted(code, took, publisher, subscriber)
     # NOT_CONNECTED between the two: the receiver answered the EOS and left.
     assert publisher.results_after_signal[0] == BACK_PRESSURED
     assert publisher.results_after_signal[-1] == CLOSED
-    assert subscriber.wrong == []
-    assert subscriber.received == publisher.accepted
 
 
 def test_a_subscriber_that_never_reads_holds_the_drain_only_until_drain_timeout(

@@ -17,7 +17,16 @@ from pathlib import Path
 
 import anyio
 import pytest
-from helpers import Collector, connect, counters_of, free_port, message, run_stat, wait_for
+from helpers import (
+    Collector,
+    connect,
+    counters_labelled,
+    counters_of,
+    free_port,
+    message,
+    run_stat,
+    wait_for,
+)
 from test_archive import archive_process, recorded_messages, wait_for_recording
 from test_encrypted_streams import KEY_A, write_keys
 
@@ -31,15 +40,8 @@ SIZE = 1000  # bytes of each message: 1,056 with its header
 
 
 def _counter(driver: MediaDriver, prefix: str) -> int:
-    from slipstream.client import control
-    from slipstream.client.counters import CountersFile
-
-    counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
-    try:
-        [value] = [c.value for c in counters if c.label.startswith(prefix)]
-    finally:
-        counters.close()
-    return value
+    [info] = counters_labelled(driver, prefix)
+    return info.value
 
 
 def _offer(publication: Publication, first: int, count: int, size: int = SIZE) -> list[int]:

@@ -21,6 +21,7 @@ import pytest
 from helpers import (
     Collector,
     connect,
+    connected_stream,
     counters_of,
     free_port,
     mdc_destinations,
@@ -55,6 +56,11 @@ def write_keys(directory: Path, name: str, keys: list[tuple[int, bytes]]) -> Non
     os.replace(temporary, directory / f"{name}.key")
 
 
+def _keyed(port: int) -> str:
+    """The unicast channel to 127.0.0.1:``port`` sealed under key ``k``, of 64 KiB terms."""
+    return f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=64k|key=k"
+
+
 def drops(driver) -> dict[str, int]:
     counters = counters_of(driver)
     return {name: counters[name] for name in DROPS}
@@ -74,14 +80,10 @@ def test_an_encrypted_stream_is_carried_once_in_order_across_terms_and_loss(host
     """20,000 messages (32 B to 5 KB: fragments too) over 64 KiB terms (many rotations), 5 %
     of the data lost on the way in: every message once, in order; retransmissions (new
     counters for the same frames) open, and nothing is dropped as a replay or a forgery."""
-    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}|term-length=64k|key=k"
+    uri = _keyed(free_port())
     a, _ = hosts("a")
     b, _ = hosts("b", debug_receive_data_loss=50_000, debug_receive_data_loss_seed=7)
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(uri, 10)
-        publication = ca.add_publication(uri, 10)
-        connect(publication, subscription)
-        collector = Collector(subscription)
+    with connected_stream(a, b, uri, 10) as (publication, _, collector):
         stream(publication, [collector], 20_000, lambda i: (32, 1000, 5000, 200)[i % 4],
                timeout=90)
         collector.assert_exactly(20_000)
@@ -187,13 +189,10 @@ def test_tampered_truncated_and_replayed_datagrams_change_nothing_and_are_counte
     relay = sniffer(port, mangle)
     a, _ = hosts("a")
     b, _ = hosts("b")
-    publish = f"aeron:udp?endpoint=127.0.0.1:{relay.port}|term-length=64k|key=k"
-    subscribe = f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=64k|key=k"
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(subscribe, 11)
-        publication = ca.add_publication(publish, 11)
-        connect(publication, subscription)
-        collector = Collector(subscription)
+    publish = _keyed(relay.port)
+    subscribe = _keyed(port)
+    with connected_stream(a, b, subscribe, 11, publication_uri=publish) as (publication, _,
+                                                                            collector):
         stream(publication, [collector], 5_000, lambda i: 100 + i % 1200, timeout=60)
         captured = list(relay.captured)
         assert all(int.from_bytes(d[6:8], "little") == HDR_TYPE_EXT for d in captured)
@@ -230,13 +229,8 @@ def test_a_lost_and_a_repeated_handshake_answer_still_connect_and_lose_nothing(
     relay = sniffer(port, mangle)
     a, _ = hosts("a")
     b, _ = hosts("b")
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(
-            f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=64k|key=k", 12)
-        publication = ca.add_publication(
-            f"aeron:udp?endpoint=127.0.0.1:{relay.port}|term-length=64k|key=k", 12)
-        connect(publication, subscription)
-        collector = Collector(subscription)
+    with connected_stream(a, b, _keyed(port), 12, publication_uri=_keyed(relay.port)) as (
+            publication, _, collector):
         stream(publication, [collector], 3_000, lambda i: 100 + i % 1200, timeout=60)
         collector.assert_exactly(3_000)
     assert answers["seen"] >= 3
@@ -252,7 +246,7 @@ def test_a_restarted_subscriber_driver_gets_a_new_session_and_the_stream_goes_on
     live publication, asks for a session (its own exchange, which begins past everything
     sent before), joins, and gets every message offered from then on, once, in order."""
     port = free_port()
-    uri = f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=64k|key=k"
+    uri = _keyed(port)
     a, _ = hosts("a")
     b, _ = hosts("b")
     with Client.connect(a.directory) as ca:
@@ -357,13 +351,8 @@ def test_a_key_rotated_mid_stream_loses_nothing(hosts, sniffer) -> None:
     port = free_port()
     relay = sniffer(port, lambda data: [data])
     steps = [[(1, KEY_A), (2, KEY_B)], [(2, KEY_B), (1, KEY_A)], [(2, KEY_B)]]
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(
-            f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=64k|key=k", 19)
-        publication = ca.add_publication(
-            f"aeron:udp?endpoint=127.0.0.1:{relay.port}|term-length=64k|key=k", 19)
-        connect(publication, subscription)
-        collector = Collector(subscription)
+    with connected_stream(a, b, _keyed(port), 19, publication_uri=_keyed(relay.port)) as (
+            publication, _, collector):
         first = 0
         for keys in [None, *steps]:
             if keys is not None:
@@ -508,12 +497,8 @@ def test_forged_control_from_the_receivers_address_changes_nothing_at_the_publis
     b, _ = hosts("b")
     outsider = Sealing("k", None)
     outsider.set_keys([(9, KEY_B)])
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(
-            f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=64k|key=k", 23)
-        publication = ca.add_publication(
-            f"aeron:udp?endpoint=127.0.0.1:{relay.port}|term-length=64k|key=k", 23)
-        connect(publication, subscription)
+    with connected_stream(a, b, _keyed(port), 23, publication_uri=_keyed(relay.port)) as (
+            publication, subscription, _):
         session, term_id = publication.session_id, publication.initial_term_id
         forged = [Nak(session, 23, term_id, 0, 32 * 1024).encode(),
                   ErrorFrame(session, 23, 1, 1, "forged: go away").encode(),
@@ -566,7 +551,7 @@ def test_the_archive_records_an_encrypted_stream_from_its_plain_log(hosts, tmp_p
     from test_archive import (
         archive_process,
         check_recording,
-        publish,
+        publish_to_the_end,
         wait_for_recording,
         write_config,
     )
@@ -582,11 +567,7 @@ def test_the_archive_records_an_encrypted_stream_from_its_plain_log(hosts, tmp_p
         publication = ca.add_publication(channel, 25)
         wait_for(lambda: publication.is_connected, what="the receiver connected")
         wait_for_recording(archive_dir)
-        positions = publish(publication, 1500, [receiver])
-        wait_for(lambda: receiver.poll() >= 0 and len(receiver.seen) >= 1500, timeout=30,
-                 what="the receiver read everything")
-        publication.close()
-        descriptor = wait_for_recording(archive_dir, ended=True)
+        positions, descriptor = publish_to_the_end(publication, receiver, archive_dir, 1500)
     receiver.assert_exactly(1500)
     check_recording(descriptor, archive_dir, positions)
     assert drops(a) == drops(b) == dict.fromkeys(DROPS, 0)

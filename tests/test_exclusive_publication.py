@@ -6,11 +6,14 @@ the same bytes, then real drivers: IPC, and UDP between two drivers)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing
 import struct
+import threading
 import time
 from array import array
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,7 @@ from slipstream.client import (
     Client,
     ExclusivePublication,
     Publication,
+    Subscription,
     control,
 )
 from slipstream.client._native import ffi, lib
@@ -247,6 +251,21 @@ class _Reader:
         return self.subscription.poll(self.on_message, limit)
 
 
+@contextlib.contextmanager
+def _exclusive_ipc_stream(client: Client) -> Iterator[tuple[ExclusivePublication, Subscription]]:
+    """An exclusive publication on CHANNEL and a subscription of it, on a stream of their
+    own, connected: (publication, subscription); both closed at the end."""
+    stream_id = next(_STREAMS)
+    subscription = client.add_subscription(CHANNEL, stream_id)
+    publication = client.add_exclusive_publication(CHANNEL, stream_id)
+    try:
+        connect(publication, subscription)
+        yield publication, subscription
+    finally:
+        publication.close()
+        subscription.close()
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=FIXTURE_OK)
 @given(steps=st.lists(st.one_of(OFFER_STEP, BATCH_STEP, CLAIM_STEP, FILL_STEP, POLL_STEP),
                       min_size=1, max_size=40))
@@ -256,11 +275,7 @@ def test_an_exclusive_publications_messages_arrive_exactly_once_and_in_order(
     and runs to the back-pressured limit (the test driver's IPC terms are 64 KiB, its window
     32 KiB, so the terms rotate and every partition is reused): a subscriber reads each
     message once, in order, whole, with its reserved value."""
-    stream_id = next(_STREAMS)
-    subscription = client.add_subscription(CHANNEL, stream_id)
-    publication = client.add_exclusive_publication(CHANNEL, stream_id)
-    try:
-        connect(publication, subscription)
+    with _exclusive_ipc_stream(client) as (publication, subscription):
         reader = _Reader(subscription)
         expected: list[tuple[int, int]] = []
 
@@ -326,9 +341,6 @@ def test_an_exclusive_publications_messages_arrive_exactly_once_and_in_order(
         assert reader.poll(1000) == 0
         assert reader.torn == 0
         assert reader.seen == expected
-    finally:
-        publication.close()
-        subscription.close()
 
 
 def test_a_claim_commits_and_aborts_on_an_exclusive_publication(client: Client) -> None:
@@ -489,11 +501,7 @@ def test_offer_block_appends_whole_frames_over_term_rotations(client: Client) ->
     """Blocks of frames written by the caller, each at the publication's position, the last
     of each term padded to its end: a subscriber reads every message once, in order, with the
     reserved value each frame carries; the terms (64 KiB) rotate several times."""
-    stream_id = next(_STREAMS)
-    subscription = client.add_subscription(CHANNEL, stream_id)
-    publication = client.add_exclusive_publication(CHANNEL, stream_id)
-    try:
-        connect(publication, subscription)
+    with _exclusive_ipc_stream(client) as (publication, subscription):
         reader = _Reader(subscription)
         seq = 0
         start = publication.position
@@ -513,9 +521,6 @@ def test_offer_block_appends_whole_frames_over_term_rotations(client: Client) ->
         wait_for(lambda: reader.poll(1000) >= 0 and len(reader.seen) == seq,
                  what="every message read")
         assert reader.torn == 0 and reader.seen == [(k, k) for k in range(seq)]
-    finally:
-        publication.close()
-        subscription.close()
 
 
 def test_offer_block_refuses_a_block_that_is_not_whole_frames_of_its_own(client: Client,
@@ -523,18 +528,14 @@ def test_offer_block_refuses_a_block_that_is_not_whole_frames_of_its_own(client:
     """Another session, a frame at the wrong term offset, a cut frame, padding inside the
     term, a block past the term's end: refused by name, nothing appended, and a good block
     then goes (a shared publication, many writers, has no offer_block)."""
-    stream_id = next(_STREAMS)
-    subscription = client.add_subscription(CHANNEL, stream_id)
-    publication = client.add_exclusive_publication(CHANNEL, stream_id)
-    try:
-        connect(publication, subscription)
+    with _exclusive_ipc_stream(client) as (publication, subscription):
         position = publication.position
         good = _block(publication, [(0, 200), (1, 300)])
         first = _block(publication, [(0, 200)])
         term_id = _DATA_HEADER.unpack_from(first)[7]
         pad_inside = first + _DATA_HEADER.pack(
             64, 0, UNFRAGMENTED, HDR_TYPE_PAD, (position & (publication.term_length - 1))
-            + len(first), publication.session_id, stream_id, term_id, 0) + bytes(32)
+            + len(first), publication.session_id, publication.stream_id, term_id, 0) + bytes(32)
         too_long = _block(publication, [(0, publication._log.mtu - HEADER_LENGTH + 8)])
         for bad in (_block(publication, [(0, 200)], session_id=publication.session_id + 1),
                     _block(publication, [(0, 200)], offset_error=32), good[:-32], good[:40],
@@ -543,14 +544,11 @@ def test_offer_block_refuses_a_block_that_is_not_whole_frames_of_its_own(client:
                 publication.offer_block(bad)
             assert refused.value.field == "block"
             assert publication.position == position
-        assert not hasattr(client.add_publication(CHANNEL, stream_id), "offer_block")
+        assert not hasattr(client.add_publication(CHANNEL, publication.stream_id), "offer_block")
         assert publication.offer_block(good) == position + len(good)
         reader = _Reader(subscription)
         wait_for(lambda: reader.poll(10) >= 0 and len(reader.seen) == 2, what="the block read")
         assert reader.seen == [(0, 0), (1, 1)]
-    finally:
-        publication.close()
-        subscription.close()
 
 
 def test_await_credit_parks_until_the_subscriber_frees_the_window(client: Client) -> None:
@@ -558,8 +556,6 @@ def test_await_credit_parks_until_the_subscriber_frees_the_window(client: Client
     across several offers) has no credit, and await_credit waits out its timeout; once the
     subscriber reads, the driver moves the limit and wakes the wait long before its
     timeout (the archive's replays wait for their credit so, not by polling)."""
-    import threading
-
     subscription = client.add_subscription("aeron:ipc", 4001)
     publication = client.add_exclusive_publication("aeron:ipc", 4001)
     connect(publication, subscription)

@@ -19,7 +19,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import aeron_peer
@@ -33,6 +33,7 @@ from aeron_peer import (
 )
 from helpers import (
     FAST_DRIVER_SETTINGS,
+    counters_labelled,
     free_port,
     lacking,
     offer_with_aborted_claims,
@@ -83,6 +84,23 @@ def publish_indices(publication, messages: int) -> None:
             time.sleep(0.0001)
 
 
+def read_indices(subscription, messages: int, *, failure: list[BaseException] | None = None,
+                 between: Callable[[list[int]], object] = lambda _seen: None) -> list[int]:
+    """Poll ``subscription`` until ``messages`` messages of publish_indices' form arrived,
+    within 60 s and while ``failure`` (the publishing thread's) stays empty: their indices
+    in arrival order.  ``between`` runs after each poll, given the indices so far."""
+    seen: list[int] = []
+    deadline = time.monotonic() + 60
+    while len(seen) < messages:
+        assert not failure, failure
+        assert time.monotonic() < deadline, f"{len(seen)} of {messages} arrived"
+        if not subscription.poll(lambda data, _h: seen.append(INDEX.unpack_from(data)[0]),
+                                 1000):
+            time.sleep(0.0005)
+        between(seen)
+    return seen
+
+
 @pytest.fixture
 def slipstream_driver(driver_dir: Path) -> Iterator[MediaDriver]:
     with MediaDriver.launch(directory=driver_dir, **FAST_DRIVER_SETTINGS) as driver:
@@ -115,19 +133,15 @@ def test_aeron_publishes_and_slipstream_receives_every_message_once_in_order(
 
         publisher = threading.Thread(target=publish, daemon=True)
         publisher.start()
-        seen: list[int] = []
         # The image is taken while it delivers: once Aeron's publisher closes, its end of
         # stream removes the image, which can happen before the last poll returns.
         images: list = []
-        deadline = time.monotonic() + 60
-        while len(seen) < messages:
-            assert not failure, failure
-            assert time.monotonic() < deadline, f"{len(seen)} of {messages} arrived"
-            if not subscription.poll(lambda data, _h: seen.append(INDEX.unpack_from(data)[0]),
-                                     1000):
-                time.sleep(0.0005)
+
+        def take_image(seen: list[int]) -> None:
             if seen and not images:
-                images = list(subscription.images)
+                images.extend(subscription.images)
+
+        seen = read_indices(subscription, messages, failure=failure, between=take_image)
         publisher.join(30)
         assert seen == list(range(messages))
         [image] = images
@@ -216,14 +230,7 @@ def test_slipstream_reads_past_the_aborted_claims_of_an_aeron_publication(
 
         sender = threading.Thread(target=publish, daemon=True)
         sender.start()
-        seen: list[int] = []
-        deadline = time.monotonic() + 60
-        while len(seen) < messages:
-            assert not failure, failure
-            assert time.monotonic() < deadline, f"{len(seen)} of {messages} arrived"
-            if not subscription.poll(lambda data, _h: seen.append(INDEX.unpack_from(data)[0]),
-                                     1000):
-                time.sleep(0.0005)
+        seen = read_indices(subscription, messages, failure=failure)
         sender.join(30)
         assert not failure, failure
         assert seen == list(range(messages))
@@ -443,19 +450,17 @@ def test_a_slipstream_cubic_receiver_measures_its_round_trip_through_a_stock_aer
         publisher = threading.Thread(target=streaming_publisher, daemon=True, args=(
             aeron, uri + TERM, 1008), kwargs={"message_length": 64, "messages": messages})
         publisher.start()
-        seen: list[int] = []
         indicators: dict[str, set[int]] = {"rcv-cc-cubic-rtt": set(), "rcv-cc-cubic-wnd": set()}
-        deadline, look = time.monotonic() + 60, 0.0
-        while len(seen) < messages:
-            assert time.monotonic() < deadline, f"{len(seen)} of {messages} arrived"
-            if not subscription.poll(lambda data, _h: seen.append(INDEX.unpack_from(data)[0]),
-                                     1000):
-                time.sleep(0.0005)
-            if time.monotonic() > look:  # while the image (and its counters) is there
-                look = time.monotonic() + 0.005
+        look = [0.0]
+
+        def read_indicators(_seen: list[int]) -> None:
+            if time.monotonic() > look[0]:  # while the image (and its counters) is there
+                look[0] = time.monotonic() + 0.005
                 for info in counters:
                     if info.type_id == CounterType.PER_IMAGE_INDICATOR:
                         indicators[info.label.split(":")[0]].add(info.value)
+
+        seen = read_indices(subscription, messages, between=read_indicators)
         publisher.join(30)
         assert seen == list(range(messages))
         mtu = 1408  # Aeron's sender's default
@@ -616,9 +621,5 @@ def test_a_slipstream_sender_under_min_or_tagged_holds_to_a_stock_aeron_receiver
         assert subscriber.sequence_numbers() == list(range(messages))
         longest_gap = max(b - a for a, b in itertools.pairwise(times))
         assert longest_gap > 1.0, f"slipstream's subscriber never waited ({longest_gap:.3f} s)"
-        counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
-        try:
-            receivers = [c.value for c in counters if c.label.startswith("fc-receivers: ")]
-        finally:
-            counters.close()
+        receivers = [c.value for c in counters_labelled(driver, "fc-receivers: ")]
         assert receivers == [2 if strategy == "min" else 1]

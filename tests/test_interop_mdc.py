@@ -172,6 +172,21 @@ def stream_indexes(publication, readers: list[Indexes], count: int, first: int =
             time.sleep(0.0001)
 
 
+def check_slipstream_received(publisher: MdcPublisher, subscriptions: list,
+                              source: str) -> None:
+    """``publisher`` (Aeron's) sends MESSAGES paced to ``subscriptions`` (slipstream's):
+    each reads every one once, in order, on one image of the publisher's session, from
+    ``source``, of 64 KiB terms."""
+    readers = [Indexes(s) for s in subscriptions]
+    read_while(lambda: send_paced(publisher, readers, MESSAGES), readers, MESSAGES)
+    for reader in readers:
+        assert reader.seen == list(range(MESSAGES))
+        [image] = reader.subscription.images
+        assert image.session_id == publisher.session_id
+        assert image.source_identity == source
+        assert image.term_length == 64 * 1024
+
+
 def check_aeron_received(subscribers: list[BasicSubscriber], count: int,
                          session_id: int) -> None:
     for subscriber in subscribers:
@@ -217,15 +232,7 @@ def test_an_aeron_dynamic_mdc_publication_reaches_two_slipstream_drivers_whole(
         # Each joins on its next eliciting SM (within a second of the publication's socket).
         wait_for(lambda: all(s.images for s in subscriptions) and publisher.is_connected(),
                  timeout=10, what="both slipstream receivers joined Aeron's publication")
-        readers = [Indexes(s) for s in subscriptions]
-
-        read_while(lambda: send_paced(publisher, readers, MESSAGES), readers, MESSAGES)
-        for reader in readers:
-            assert reader.seen == list(range(MESSAGES))
-            [image] = reader.subscription.images
-            assert image.session_id == publisher.session_id
-            assert image.source_identity == f"{HOST}:{control_port}"
-            assert image.term_length == 64 * 1024
+        check_slipstream_received(publisher, subscriptions, f"{HOST}:{control_port}")
     for driver in drivers:
         assert_clean(driver)
 
@@ -253,15 +260,7 @@ def test_an_aeron_manual_mdc_publication_reaches_the_two_slipstream_drivers_it_a
             publisher.add(f"aeron:udp?endpoint={HOST}:{port}")
         wait_for(lambda: all(s.images for s in subscriptions) and publisher.is_connected(),
                  timeout=10, what="both destinations have an image")
-        readers = [Indexes(s) for s in subscriptions]
-
-        read_while(lambda: send_paced(publisher, readers, MESSAGES), readers, MESSAGES)
-        for reader in readers:
-            assert reader.seen == list(range(MESSAGES))
-            [image] = reader.subscription.images
-            assert image.session_id == publisher.session_id
-            assert image.source_identity == f"{HOST}:{control_port}"
-            assert image.term_length == 64 * 1024
+        check_slipstream_received(publisher, subscriptions, f"{HOST}:{control_port}")
     for driver in drivers:
         assert_clean(driver)
 

@@ -11,7 +11,7 @@ from array import array
 from pathlib import Path
 
 import pytest
-from helpers import offer_until, runnable_s, wait_for
+from helpers import connected_ipc, offer_until, runnable_s, wait_for
 
 from slipstream.client import (
     BACK_PRESSURED,
@@ -38,9 +38,7 @@ def test_offer_without_a_subscriber_is_not_connected(client: Client) -> None:
 
 
 def test_messages_arrive_whole_and_in_order_including_fragmented_ones(client: Client) -> None:
-    subscription = client.add_subscription(CHANNEL, 1002)
-    publication = client.add_publication(CHANNEL, 1002)
-    wait_for(lambda: subscription.images and publication.is_connected)
+    publication, subscription = connected_ipc(client, 1002)
     sent = [bytes([i % 251]) * (i * 97 % 5000) for i in range(300)]  # > mtu: fragmented
     received: list[bytes] = []
     headers: list[tuple[int, int]] = []
@@ -59,9 +57,7 @@ def test_messages_arrive_whole_and_in_order_including_fragmented_ones(client: Cl
 
 
 def test_a_subscriber_that_does_not_poll_back_pressures_after_one_window(client: Client) -> None:
-    subscription = client.add_subscription(CHANNEL, 1003)
-    publication = client.add_publication(CHANNEL, 1003)
-    wait_for(lambda: subscription.images and publication.is_connected)
+    publication, subscription = connected_ipc(client, 1003)
     message = b"w" * 992  # 1 KiB frames
     accepted = 0
     while publication.offer(message) > 0:
@@ -146,9 +142,7 @@ def test_try_claim_fills_in_place_and_abort_leaves_padding(client: Client) -> No
 
 
 def test_batches_move_many_messages_per_call_each_way(client: Client) -> None:
-    subscription = client.add_subscription(CHANNEL, 1007)
-    publication = client.add_publication(CHANNEL, 1007)
-    wait_for(lambda: subscription.images and publication.is_connected)
+    publication, subscription = connected_ipc(client, 1007)
     messages = [i.to_bytes(4, "little") * 8 for i in range(64)]
     assert publication.offer_batch(b"".join(messages), [32] * 64) == 64
     batch = subscription.poll_batch(1000)
@@ -169,9 +163,7 @@ def test_batches_move_many_messages_per_call_each_way(client: Client) -> None:
 
 
 def test_poll_batch_hands_over_each_fragmented_message_once(client: Client) -> None:
-    subscription = client.add_subscription(CHANNEL, 1017)
-    publication = client.add_publication(CHANNEL, 1017)
-    wait_for(lambda: subscription.images and publication.is_connected)
+    publication, subscription = connected_ipc(client, 1017)
     messages = [bytes([i]) * 5000 for i in range(5)]  # each four frames of a 1408-byte MTU
     assert publication.offer_batch(b"".join(messages), [5000] * 5) == 5
     got = []
@@ -185,9 +177,8 @@ def test_poll_gathered_copies_out_what_peek_delivers_across_terms_and_fragments(
     """Messages of 0 B to 5 KiB (fragmented ones too) with reserved values, over four 64 KiB
     terms: a detached reader's poll_gathered, never past its limit, gives exactly the payloads,
     positions and reserved values a peek delivers, the offsets and lengths agreeing."""
-    subscription = client.add_subscription(CHANNEL, 1019)
-    publication = client.add_publication(f"{CHANNEL}?term-length=64k", 1019)
-    wait_for(lambda: subscription.images and publication.is_connected)
+    publication, subscription = connected_ipc(client, 1019,
+                                              publication_channel=f"{CHANNEL}?term-length=64k")
     image = subscription.images[0]
     reader = Image.detached(image.log_path, image.position)
     expected: list[tuple[bytes, int, int]] = []
@@ -224,9 +215,7 @@ def test_batch_lengths_may_be_any_sequence_of_ints(client: Client, kind: str) ->
     import numpy as np
 
     stream_id = 1020 + ["list", "array", "int32 numpy", "int64 numpy"].index(kind)
-    subscription = client.add_subscription(CHANNEL, stream_id)
-    publication = client.add_publication(CHANNEL, stream_id)
-    wait_for(lambda: subscription.images and publication.is_connected)
+    publication, subscription = connected_ipc(client, stream_id)
     sizes = [0, 1, 31, 32, 100, 7]
     lengths = {"list": sizes, "array": array("i", sizes),
                "int32 numpy": np.array(sizes, dtype=np.int32),
@@ -252,9 +241,7 @@ def test_the_reserved_value_a_publisher_sets_is_the_one_its_subscribers_headers_
     0 when none is given."""
     import numpy as np
 
-    subscription = client.add_subscription(CHANNEL, 1030)
-    publication = client.add_publication(CHANNEL, 1030)
-    wait_for(lambda: subscription.images and publication.is_connected)
+    publication, subscription = connected_ipc(client, 1030)
     [image] = subscription.images
     start = image.position
     big = publication.max_payload_length * 3 + 5  # four frames
@@ -307,9 +294,7 @@ def test_the_reserved_value_a_publisher_sets_is_the_one_its_subscribers_headers_
 def test_a_bad_reserved_value_is_refused_by_name_and_appends_nothing(client: Client) -> None:
     import numpy as np
 
-    subscription = client.add_subscription(CHANNEL, 1031)
-    publication = client.add_publication(CHANNEL, 1031)
-    wait_for(lambda: subscription.images and publication.is_connected)
+    publication, subscription = connected_ipc(client, 1031)
     before = publication.position
     for bad in (1.5, "7", None, True, 2**63, -2**63 - 1, np.float64(2)):
         with pytest.raises(InvalidArgumentError, match=r"^reserved_value: "):
@@ -367,9 +352,7 @@ def test_receive_waits_for_data_and_times_out(client: Client) -> None:
 def test_closing_a_subscription_wakes_a_receive_parked_on_its_image(client: Client) -> None:
     """A receive parked on an image's futex returns as the subscription closes (from another
     thread), not when its park slice (_PARK_SLICE_NS, 1 s) ends."""
-    subscription = client.add_subscription(CHANNEL, 1031)
-    publication = client.add_publication(CHANNEL, 1031)
-    wait_for(lambda: subscription.images and publication.is_connected)
+    _, subscription = connected_ipc(client, 1031)
     returned: list[float] = []
 
     def receive() -> None:

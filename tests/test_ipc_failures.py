@@ -156,18 +156,25 @@ def _claim_and_die(directory: str, stream_id: int, ready) -> None:
     time.sleep(3600)  # killed between claim and commit
 
 
-def test_a_publisher_killed_between_claim_and_commit_is_unblocked(driver) -> None:
+def _offer_behind_a_dead_claim(driver, publication, stream_id: int, message: bytes) -> None:
+    """Another process's publication of ``stream_id`` claims and is killed before it commits;
+    ``message`` is offered by ``publication`` behind that claim, before the kill."""
     context = multiprocessing.get_context("spawn")
     ready = context.Event()
+    victim = context.Process(target=_claim_and_die,
+                             args=(str(driver.directory), stream_id, ready))
+    victim.start()
+    assert ready.wait(30)
+    offer_until(publication, message)
+    victim.kill()
+    victim.join()
+
+
+def test_a_publisher_killed_between_claim_and_commit_is_unblocked(driver) -> None:
     with Client.connect(driver.directory) as client:
         subscription = client.add_subscription(CHANNEL, 1013)
         publication = client.add_publication(CHANNEL, 1013)
-        victim = context.Process(target=_claim_and_die, args=(str(driver.directory), 1013, ready))
-        victim.start()
-        assert ready.wait(30)
-        offer_until(publication, b"behind the claim")
-        victim.kill()
-        victim.join()
+        _offer_behind_a_dead_claim(driver, publication, 1013, b"behind the claim")
         got: list[bytes] = []
         assert subscription.poll(lambda d, h: got.append(bytes(d)), 10) == 0  # blocked
         # The unblock timeout is 1.5 s in the test driver.
@@ -181,20 +188,13 @@ def test_a_publisher_killed_between_claim_and_commit_is_unblocked(driver) -> Non
 def test_a_blocked_claim_is_unblocked_while_a_slow_subscriber_lags_behind_it(driver) -> None:
     """The fastest subscriber is the one held at the dead claim; a slow one that has not read
     what came before it must not stop the unblock (Aeron unblocks at the fastest)."""
-    context = multiprocessing.get_context("spawn")
-    ready = context.Event()
     with Client.connect(driver.directory) as client:
         fast = client.add_subscription(CHANNEL, 1014)
         slow = client.add_subscription(CHANNEL, 1014)  # never polled until the end
         publication = client.add_publication(CHANNEL, 1014)
         for i in range(10):
             offer_until(publication, f"before {i}".encode())
-        victim = context.Process(target=_claim_and_die, args=(str(driver.directory), 1014, ready))
-        victim.start()
-        assert ready.wait(30)
-        offer_until(publication, b"behind the claim")
-        victim.kill()
-        victim.join()
+        _offer_behind_a_dead_claim(driver, publication, 1014, b"behind the claim")
         got: list[bytes] = []
         deadline = time.monotonic() + 10  # the unblock timeout is 1.5 s in the test driver
         while b"behind the claim" not in got and time.monotonic() < deadline:

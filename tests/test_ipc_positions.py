@@ -7,7 +7,7 @@ import multiprocessing
 import time
 
 import pytest
-from helpers import offer_until, wait_for
+from helpers import connected_ipc, offer_until
 
 from slipstream.client import (
     BACK_PRESSURED,
@@ -31,9 +31,7 @@ def _read_range(log_path: str, start: int, end: int, out) -> None:
 
 
 def test_peek_holds_credit_until_the_position_is_committed(client: Client) -> None:
-    subscription = client.add_subscription(CHANNEL, 1015)
-    publication = client.add_publication(CHANNEL, 1015)
-    wait_for(lambda: subscription.images and publication.is_connected)
+    publication, subscription = connected_ipc(client, 1015)
     image = subscription.images[0]
     start = image.position
     message = b"c" * 992
@@ -65,9 +63,7 @@ def test_an_image_position_set_out_of_bounds_is_refused_and_never_unbinds_the_pu
     taking the limit off the publisher)."""
 
     channel = "aeron:ipc?term-length=64k"
-    subscription = client.add_subscription(channel, 1030)
-    publication = client.add_publication(channel, 1030)
-    wait_for(lambda: subscription.images and publication.is_connected)
+    publication, subscription = connected_ipc(client, 1030, channel)
     [image] = subscription.images
     fragmented = b"x" * (publication.max_payload_length + 100)  # two frames
     for _ in range(3):
@@ -87,9 +83,7 @@ def test_a_peek_whose_limit_cuts_a_message_returns_that_messages_start(
         client: Client) -> None:
     """The position a peek returns is a message boundary (a commit of it must not skip the
     message the limit cut in two)."""
-    subscription = client.add_subscription(CHANNEL, 1032)
-    publication = client.add_publication(CHANNEL, 1032)
-    wait_for(lambda: subscription.images and publication.is_connected)
+    publication, subscription = connected_ipc(client, 1032)
     [image] = subscription.images
     start = image.position
     offer_until(publication, b"a" * 100)
@@ -107,9 +101,7 @@ def test_a_peek_whose_limit_cuts_a_message_returns_that_messages_start(
 def test_peek_at_overwritten_data_is_data_loss(client: Client) -> None:
     from slipstream.client import DataLossError
 
-    subscription = client.add_subscription(CHANNEL, 1016)
-    publication = client.add_publication(CHANNEL, 1016)
-    wait_for(lambda: subscription.images and publication.is_connected)
+    publication, subscription = connected_ipc(client, 1016)
     image = subscription.images[0]
     start = image.position
     for _ in range(400):  # ~6 terms of 64 KiB: the start was reused long ago
@@ -136,9 +128,7 @@ def test_a_batch_whose_lengths_exceed_its_data_is_refused(client: Client) -> Non
 
 
 def test_batches_across_many_term_rotations_keep_every_message(client: Client) -> None:
-    subscription = client.add_subscription(CHANNEL, 1018)
-    publication = client.add_publication(CHANNEL, 1018)
-    wait_for(lambda: subscription.images and publication.is_connected)
+    publication, subscription = connected_ipc(client, 1018)
     sizes = [(i * 53) % 1500 for i in range(97)]  # some fragment at mtu 1408
     data = b"".join(bytes([i % 256]) * size for i, size in enumerate(sizes))
     received: list[bytes] = []

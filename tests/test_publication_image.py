@@ -68,6 +68,17 @@ def receive_channel(shm: Path, uri: str = "aeron:udp?endpoint=10.0.0.2:40123", *
     return rc, counters
 
 
+def joined(shm: Path):
+    """A receive channel of one subscription with the image of ``setup()`` attached (one
+    subscriber) and its first SM sent, at time 0: (channel, counters, image, the
+    subscriber's position cell)."""
+    rc, counters = receive_channel(shm)
+    rc.on_datagram(setup(), SRC, 0)
+    image, cell = attach(rc)
+    rc.datagrams_to_send(0)
+    return rc, counters, image, cell
+
+
 def setup(active: int = 100, offset: int = 0, flags: int = 0) -> bytes:
     return Setup(offset, 1, 2, 100, active, TERM, 1408, 0, flags).encode()
 
@@ -112,10 +123,7 @@ def test_setup_creates_image_and_first_sm_at_once(shm: Path) -> None:
 def test_a_subscriber_position_past_the_hwm_is_held_there(shm: Path) -> None:
     """A client writes its subscriber position cell; one that says more than arrived (here
     near the int64 limit) neither moves the SM past the data nor cleans unread terms."""
-    rc, _counters = receive_channel(shm)
-    rc.on_datagram(setup(), SRC, 0)
-    image, cell = attach(rc)
-    rc.datagrams_to_send(0)
+    rc, _counters, image, cell = joined(shm)
     for i in range(4):
         rc.on_datagram(data(i * 64), SRC, 1)
     cell[0] = (1 << 63) - 16
@@ -136,10 +144,7 @@ def test_window_is_rcv_wnd_capped_at_half_term(shm: Path) -> None:
 
 def test_the_periodic_status_message_reports_what_subscribers_consumed_by_then(
         shm: Path) -> None:
-    rc, _ = receive_channel(shm)
-    rc.on_datagram(setup(), SRC, 0)
-    _image, cell = attach(rc)
-    rc.datagrams_to_send(0)  # the first SM, at 0
+    rc, _, _image, cell = joined(shm)
     rc.on_datagram(data(0), SRC, 1)
     cell[0] = 64  # consumed: far less than a quarter window, so no SM is scheduled
     assert rc.datagrams_to_send(2) == []
@@ -148,10 +153,7 @@ def test_the_periodic_status_message_reports_what_subscribers_consumed_by_then(
 
 
 def test_overrun_and_underrun_dropped(shm: Path) -> None:
-    rc, counters = receive_channel(shm)
-    rc.on_datagram(setup(), SRC, 0)
-    image, cell = attach(rc)
-    rc.datagrams_to_send(0)
+    rc, counters, image, cell = joined(shm)
     rc.on_datagram(data(TERM // 2), SRC, 1)  # position + length > last SM + term/2
     assert counters[SystemCounter.FLOW_CONTROL_OVER_RUNS] == 1
     rc.on_datagram(data(0), SRC, 2)
@@ -167,10 +169,7 @@ def test_overrun_and_underrun_dropped(shm: Path) -> None:
 
 
 def test_a_heartbeat_past_the_window_is_an_over_run_and_raises_nothing(shm: Path) -> None:
-    rc, counters = receive_channel(shm)
-    rc.on_datagram(setup(), SRC, 0)
-    image, _cell = attach(rc)
-    rc.datagrams_to_send(0)
+    rc, counters, image, _cell = joined(shm)
     # A forged heartbeat two terms ahead: it must not move the hwm (or the log's tail).
     rc.on_datagram(Heartbeat(0, 1, 2, 102, 0x00).encode(), SRC, 1)
     assert counters[SystemCounter.FLOW_CONTROL_OVER_RUNS] == 1
@@ -366,10 +365,7 @@ def test_a_response_endpoint_elicits_each_session_it_was_told_of(shm: Path) -> N
 
 
 def test_rttm_reply_echoed(shm: Path) -> None:
-    rc, _ = receive_channel(shm)
-    rc.on_datagram(setup(), SRC, 0)
-    attach(rc)
-    rc.datagrams_to_send(0)
+    rc, _, _, _ = joined(shm)
     rc.on_datagram(Rttm(1, 2, 555, 0, 0, 0x80).encode(), SRC, 1)
     out = [decode(d.data) for d in rc.datagrams_to_send(1)]
     assert Rttm(1, 2, 555, 0, 7, 0) in out
@@ -398,10 +394,7 @@ def test_malformed_datagrams_counted(shm: Path, bad: bytes) -> None:
 
 
 def test_large_pad_is_not_an_overrun_and_completes_the_term(shm: Path) -> None:
-    rc, counters = receive_channel(shm)
-    rc.on_datagram(setup(), SRC, 0)
-    image, _ = attach(rc)
-    rc.datagrams_to_send(0)
+    rc, counters, image, _ = joined(shm)
     rc.on_datagram(data(0), SRC, 1)
     rc.on_datagram(Pad(64, 1, 2, 100, TERM - 64).encode(), SRC, 1)
     rc.datagrams_to_send(1)
@@ -414,10 +407,7 @@ def test_an_aborted_claims_pad_mid_term_stands_for_its_aligned_length(shm: Path)
     """An aborted claim of 100 bytes is a PAD of frame_length 132 (not a multiple of 32): the
     receiver inserts its header, which stands for 160 bytes of the term, and the data after
     it follows in order; nothing is NAKed, nothing is invalid."""
-    rc, counters = receive_channel(shm)
-    rc.on_datagram(setup(), SRC, 0)
-    image, _ = attach(rc)
-    rc.datagrams_to_send(0)
+    rc, counters, image, _ = joined(shm)
     rc.on_datagram(data(0), SRC, 1)
     rc.on_datagram(Pad(64, 1, 2, 100, 132).encode(), SRC, 1)
     rc.on_datagram(data(64 + 160), SRC, 1)
@@ -614,6 +604,18 @@ def _two_destinations(shm: Path):
     return rc, counters, first, second, control_group
 
 
+def _joined_through_first(rc: ChannelWithLogs):
+    """The image of ``setup()`` from SRC, come through ``rc``'s first destination at time
+    0, attached; its first SM goes back along that path alone.  Returns the image."""
+    rc.arrival_destination = 0
+    rc.on_control(setup(), SRC, 0)
+    rc.arrival_destination = -1
+    image, _cell = attach(rc)
+    [sm] = rc.datagrams_to_send(0)
+    assert (sm.address, sm.via) == (SRC, 0)
+    return image
+
+
 def test_a_multi_destination_image_takes_every_path_and_answers_the_live_ones(
         shm: Path) -> None:
     """Two destinations of one control-mode=manual channel feed one image: the SETUP through
@@ -626,12 +628,7 @@ def test_a_multi_destination_image_takes_every_path_and_answers_the_live_ones(
     with pytest.raises(ValueError):
         rc.attach_destination(1, second, None)  # a slot taken
     other = ("10.0.0.9", 6000)
-    rc.arrival_destination = 0
-    rc.on_control(setup(), SRC, 0)
-    rc.arrival_destination = -1
-    image, _cell = attach(rc)
-    [sm] = rc.datagrams_to_send(0)
-    assert (sm.address, sm.via) == (SRC, 0)
+    image = _joined_through_first(rc)
 
     assert _via(second, data(0), other, 10) == 0
     assert _via(first, data(0), SRC, 11) == 0  # the same frame again: a duplicate
@@ -663,12 +660,7 @@ def test_a_datagram_from_elsewhere_does_not_redirect_a_live_path(shm: Path) -> N
     liveness timeout, the next data in the window sets it anew."""
     rc, counters, first, second, control_group = _two_destinations(shm)
     forger = ("10.0.0.66", 6666)
-    rc.arrival_destination = 0
-    rc.on_control(setup(), SRC, 0)
-    rc.arrival_destination = -1
-    image, _cell = attach(rc)
-    [sm] = rc.datagrams_to_send(0)
-    assert (sm.address, sm.via) == (SRC, 0)
+    image = _joined_through_first(rc)
 
     def sm_paths(now_ns: int) -> list:
         return sorted((d.address, d.via) for d in rc.datagrams_to_send(now_ns)

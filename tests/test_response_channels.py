@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from helpers import (
@@ -206,26 +207,18 @@ def test_a_request_and_response_exchange_crosses_many_terms_both_ways(launch) ->
     made for the request image: 6,000 requests and 6,000 responses (terms of 64 KiB rotate
     about 50 times each way), each stream exactly once and in order; the response stream
     goes to the port the client's response subscription sends from, learned by the server."""
-    server_driver, client_driver = launch(), launch()
-    port, control_port = free_port(), free_port()
-    with Client.connect(server_driver.directory) as server, \
-            Client.connect(client_driver.directory) as client:
-        requests = server.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", REQUESTS)
-        responses = _response_subscription(client, control_port)
-        request_publication = _request_publication(client, port, responses)
-        [echo] = _answer(server, requests, control_port, 1)
-        wait_for(lambda: responses.images and echo.response.is_connected
-                 and request_publication.is_connected, timeout=10,
-                 what="the response stream connected")
+    with _connected(launch) as link:
+        responses, request_publication, echo = (link.responses, link.request_publication,
+                                                link.echo)
         [image] = responses.images
         assert image.session_id == echo.response.session_id
-        assert image.source_identity == f"127.0.0.1:{control_port}"
+        assert image.source_identity == f"127.0.0.1:{link.control_port}"
         collector = Collector(responses)
         _exchange([(request_publication, collector, 0)], [echo], 6000)
         echo.requests.assert_exactly(6000)
         collector.assert_exactly(6000)
         assert echo.response.position > 6 * 64 * 1024
-    for driver in (server_driver, client_driver):
+    for driver in (link.server_driver, link.client_driver):
         counts = counters_of(driver)
         assert counts["INVALID_PACKETS"] == 0 and counts["SEND_ERRORS"] == 0
 
@@ -455,22 +448,15 @@ def test_a_server_that_makes_its_response_publication_again_is_answered_again(la
     """The server closes the response publication of a request image and makes another (a
     new session): the client's response subscription, whose image of the first session went,
     takes the new session from the new RSP_SETUP, and the exchange goes on."""
-    server_driver, client_driver = launch(), launch()
-    port, control_port = free_port(), free_port()
-    with Client.connect(server_driver.directory) as server, \
-            Client.connect(client_driver.directory) as client:
-        requests = server.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", REQUESTS)
-        responses = _response_subscription(client, control_port)
-        request_publication = _request_publication(client, port, responses)
-        [echo] = _answer(server, requests, control_port, 1)
-        wait_for(lambda: responses.images and echo.response.is_connected, timeout=10,
-                 what="the first response stream connected")
+    with _connected(launch) as link:
+        responses, request_publication, echo = (link.responses, link.request_publication,
+                                                link.echo)
         collector = Collector(responses)
         _exchange([(request_publication, collector, 0)], [echo], 500)
         first_session = echo.response.session_id
         echo.response.close()
         wait_for(lambda: not responses.images, timeout=10, what="the first response image went")
-        echo.response = _response_publication(server, control_port, echo.image)
+        echo.response = _response_publication(link.server, link.control_port, echo.image)
         assert echo.response.session_id != first_session
         wait_for(lambda: responses.images and echo.response.is_connected, timeout=10,
                  what="the second response stream connected")
@@ -506,29 +492,43 @@ def test_a_response_channel_over_ipv6(launch) -> None:
         collector.assert_exactly(200)
 
 
+class _Connected(NamedTuple):
+    """A request stream to the server and its response stream back, connected."""
+
+    server_driver: MediaDriver
+    client_driver: MediaDriver
+    server: Client  # the server's client, of the server's driver
+    control_port: int  # the response publication's control port at the server
+    nat: _Nat | None  # in front of the client's response subscription, if any
+    responses: Subscription  # the client's response subscription
+    request_publication: Publication  # the client's
+    echo: _Echo  # the server's answer to the request image
+
+
 @contextlib.contextmanager
-def _connected_through_nat(launch) -> Iterator[tuple[_Nat, Subscription, Publication, _Echo]]:
+def _connected(launch, *, through_nat: bool = False) -> Iterator[_Connected]:
     """A server's and a client's driver: a request stream to the server and a response
-    stream back through a NAT in front of the client's response subscription, connected:
-    (the NAT, the client's response subscription, its request publication, the server's
-    echo of it).  The NAT is closed at the end."""
+    stream back (through a NAT in front of the client's response subscription if
+    ``through_nat``), both connected.  The NAT is closed at the end."""
     server_driver, client_driver = launch(), launch()
     port, control_port = free_port(), free_port()
-    nat = _Nat(("127.0.0.1", control_port))
+    nat = _Nat(("127.0.0.1", control_port)) if through_nat else None
     try:
         with Client.connect(server_driver.directory) as server, \
                 Client.connect(client_driver.directory) as client:
             requests = server.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}",
                                                REQUESTS)
-            responses = _response_subscription(client, nat.port)
+            responses = _response_subscription(client, nat.port if nat else control_port)
             request_publication = _request_publication(client, port, responses)
             [echo] = _answer(server, requests, control_port, 1)
             wait_for(lambda: responses.images and echo.response.is_connected
                      and request_publication.is_connected, timeout=10,
-                     what="the response stream connected through the NAT")
-            yield nat, responses, request_publication, echo
+                     what="the response stream connected")
+            yield _Connected(server_driver, client_driver, server, control_port, nat, responses,
+                             request_publication, echo)
     finally:
-        nat.close()
+        if nat:
+            nat.close()
 
 
 def test_a_nat_rebind_mid_stream_moves_the_response_stream_to_the_new_port(launch) -> None:
@@ -536,7 +536,9 @@ def test_a_nat_rebind_mid_stream_moves_the_response_stream_to_the_new_port(launc
     old one drops what still reaches it): the response publication takes the new port from
     the client's next SMs (same receiver id), and the stream goes on exactly once, in order,
     on the same image."""
-    with _connected_through_nat(launch) as (nat, responses, request_publication, echo):
+    with _connected(launch, through_nat=True) as link:
+        nat, responses, request_publication, echo = (link.nat, link.responses,
+                                                     link.request_publication, link.echo)
         [image] = responses.images
         collector = Collector(responses)
         _exchange([(request_publication, collector, 0)], [echo], 500)
@@ -550,17 +552,11 @@ def test_a_forged_setup_request_does_not_take_the_response_stream(launch) -> Non
     """Someone who knows the response session sends its publication setup-eliciting SMs of
     another receiver id from elsewhere: the publication keeps its live client (counting
     them UNMATCHED_STATUS_MESSAGES) and the stream goes on exactly once, in order."""
-    server_driver, client_driver = launch(), launch()
-    port, control_port = free_port(), free_port()
-    with Client.connect(server_driver.directory) as server, \
-            Client.connect(client_driver.directory) as client, \
+    with _connected(launch) as link, \
             socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as forger:
-        requests = server.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", REQUESTS)
-        responses = _response_subscription(client, control_port)
-        request_publication = _request_publication(client, port, responses)
-        [echo] = _answer(server, requests, control_port, 1)
-        wait_for(lambda: responses.images and echo.response.is_connected, timeout=10,
-                 what="the response stream connected")
+        server_driver, control_port = link.server_driver, link.control_port
+        responses, request_publication, echo = (link.responses, link.request_publication,
+                                                link.echo)
         collector = Collector(responses)
         _exchange([(request_publication, collector, 0)], [echo], 300)
         forged = StatusMessage(echo.response.session_id, RESPONSES, 0, 0, 0, 0x5EED,
@@ -584,7 +580,9 @@ def test_an_image_lost_while_its_response_publication_stays_is_asked_for_again(
     enough for the client's response image to time out (the publication stays open); once
     the path is back, the client's endpoint asks for the session again and a new image of
     it carries the exchange on."""
-    with _connected_through_nat(launch) as (nat, responses, request_publication, echo):
+    with _connected(launch, through_nat=True) as link:
+        nat, responses, request_publication, echo = (link.nat, link.responses,
+                                                     link.request_publication, link.echo)
         session_id = echo.response.session_id
         _exchange([(request_publication, Collector(responses), 0)], [echo], 200)
         nat.blocked = True

@@ -19,6 +19,8 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,7 @@ from helpers import (
     NETWORK_SETTINGS,
     Collector,
     connect,
+    connected_stream,
     counters_of,
     data_datagrams,
     free_port,
@@ -101,24 +104,52 @@ def _sender_position(driver, session_id: int, stream_id: int) -> int:
         counters.close()
 
 
+def _offer_until_held(publication, received: Collector) -> int:
+    """Offer 1000-byte messages, polling ``received``, until the publisher is held (an offer
+    not taken after at least one that was); returns how many were taken."""
+    sent = 0
+    while publication.offer(message(sent, 1000)) > 0 or not sent:
+        sent += 1
+        received.poll()
+    return sent
+
+
+@contextmanager
+def _spied_stream(a, b, stream_id: int, spy_params: str = "",
+                  ) -> Iterator[tuple[object, object, Collector, list]]:
+    """A stream from driver ``a`` to driver ``b``, connected, with a spy at ``a`` on its own
+    client (``spy_params`` added to its channel): yields the publication, the spy, a
+    Collector of ``b``'s subscription and the list of the spy's images made unavailable."""
+    uri = _uri()
+    left: list = []
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb, \
+            Client.connect(a.directory) as spying:
+        subscription = cb.add_subscription(uri, stream_id)
+        publication = ca.add_publication(uri, stream_id)
+        spy = spying.add_subscription(f"aeron-spy:{uri}{spy_params}", stream_id,
+                                      on_unavailable_image=left.append)
+        connect(publication, subscription, spy)
+        yield publication, spy, Collector(subscription), left
+
+
+def _untethered(window_limit_timeout: str, resting_timeout: str) -> str:
+    """The channel parameters of an untethered spy with these timeouts."""
+    return (f"|tether=false|untethered-window-limit-timeout={window_limit_timeout}"
+            f"|untethered-resting-timeout={resting_timeout}")
+
+
 # -- the stream -------------------------------------------------------------------------------
 def test_a_spy_reads_what_the_publication_sends_in_order_across_term_rotations(launch) -> None:
     """A spy and a real UDP subscriber (another driver) see the same stream, message for
     message: small, MTU-sized and fragmented messages, the 64 KiB terms rotating many times
     (the spy holds the publisher back while it polls, as Aeron's does)."""
-    uri = _uri()
     a, b = launch(), launch()
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb, \
-            Client.connect(a.directory) as spying:
-        subscription = cb.add_subscription(uri, 1001)
-        publication = ca.add_publication(uri, 1001)
-        spy = spying.add_subscription(f"aeron-spy:{uri}", 1001)
-        connect(publication, subscription, spy)
+    with _spied_stream(a, b, 1001) as (publication, spy, received, _):
         [image] = spy.images
         assert image.session_id == publication.session_id
         assert image.source_identity == "aeron:ipc"  # as Aeron names a spy's source
         assert image.join_position == 0
-        received, spied = Collector(subscription), Collector(spy)
+        spied = Collector(spy)
         stream(publication, [received, spied], 20_000, lambda i: (32, 1376, 5000, 200)[i % 4])
         received.assert_exactly(20_000)
         spied.assert_exactly(20_000)
@@ -305,15 +336,9 @@ def test_a_slow_spy_holds_the_publisher_not_the_sender(launch) -> None:
     """As Aeron's (tethered) spy: one that does not read holds pub-lmt within a term window
     of its position, so the publisher is back-pressured, while the sender sends all the log
     holds to the UDP subscriber; once the spy reads, the publisher goes on."""
-    uri = _uri()
     a, b = launch(), launch()
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb, \
-            Client.connect(a.directory) as spying:
-        subscription = cb.add_subscription(uri, 9)
-        publication = ca.add_publication(uri, 9)
-        spy = spying.add_subscription(f"aeron-spy:{uri}", 9)
-        connect(publication, subscription, spy)
-        received, spied = Collector(subscription), Collector(spy)
+    with _spied_stream(a, b, 9) as (publication, spy, received, _):
+        spied = Collector(spy)
         sent = 0
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
@@ -340,23 +365,11 @@ def test_an_untethered_spy_that_falls_behind_is_left_and_rejoins(launch) -> None
     for its window limit timeout, then is left behind (its image goes, with the range it
     skips), lingers as long again, and holds nothing more; after its resting timeout it
     rejoins where the sender is, with a new image."""
-    uri = _uri()
-    a, b = launch(), launch()
-    left: list = []
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb, \
-            Client.connect(a.directory) as spying:
-        subscription = cb.add_subscription(uri, 10)
-        publication = ca.add_publication(uri, 10)
-        spy = spying.add_subscription(
-            f"aeron-spy:{uri}|tether=false|untethered-window-limit-timeout=300ms"
-            f"|untethered-resting-timeout=500ms", 10, on_unavailable_image=left.append)
-        connect(publication, subscription, spy)
+    a = launch()
+    with _spied_stream(a, launch(), 10, _untethered("300ms", "500ms")) as (
+            publication, spy, received, left):
         [image] = spy.images
-        received = Collector(subscription)
-        sent = 0
-        while publication.offer(message(sent, 1000)) > 0 or not sent:
-            sent += 1
-            received.poll()
+        sent = _offer_until_held(publication, received)
         held = time.monotonic()
         assert publication.position <= WINDOW + 1056  # held while the spy is tethered
         _catch_up(received, sent)
@@ -378,22 +391,10 @@ def test_a_publication_closed_after_its_untethered_spy_was_left_behind_ends(laun
     position held for its window limit timeout, 1 s here): the spy's client was told, so the
     close drops it at once; the publication drains, lingers (500 ms) and goes, its log file
     and its counters with it, well before the spy's linger would have ended."""
-    uri = _uri()
-    a, b = launch(), launch()
-    left: list = []
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb, \
-            Client.connect(a.directory) as spying:
-        subscription = cb.add_subscription(uri, 13)
-        publication = ca.add_publication(uri, 13)
-        spy = spying.add_subscription(
-            f"aeron-spy:{uri}|tether=false|untethered-window-limit-timeout=1s"
-            f"|untethered-resting-timeout=10s", 13, on_unavailable_image=left.append)
-        connect(publication, subscription, spy)
-        received = Collector(subscription)
-        sent = 0
-        while publication.offer(message(sent, 1000)) > 0 or not sent:
-            sent += 1
-            received.poll()
+    a = launch()
+    with _spied_stream(a, launch(), 13, _untethered("1s", "10s")) as (
+            publication, spy, received, left):
+        sent = _offer_until_held(publication, received)
         _catch_up(received, sent)
         assert len(_logs(a)) == 1 and publisher_limits(a) == 1
         wait_for(lambda: left, timeout=5, what="the spy left behind")
@@ -451,10 +452,7 @@ def test_a_dead_spy_client_leaks_nothing(launch) -> None:
     client's liveness timeout; then its counter is freed and the publisher goes on."""
     uri = _uri()
     a, b = launch(), launch()
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(uri, 11)
-        publication = ca.add_publication(uri, 11)
-        connect(publication, subscription)
+    with connected_stream(a, b, uri, 11) as (publication, subscription, _):
         child = subprocess.Popen([sys.executable, "-c", _SPY_CLIENT, str(a.directory),
                                   f"aeron-spy:{uri}"], stdout=subprocess.PIPE, text=True)
         try:
@@ -463,10 +461,7 @@ def test_a_dead_spy_client_leaks_nothing(launch) -> None:
             wait_for(lambda: process_state(child.pid) == "T", what="the spy client stopped")
             assert len(_sub_positions(a, spy_id)) == 1
             received = Collector(subscription)
-            sent = 0
-            while publication.offer(message(sent, 1000)) > 0 or not sent:
-                sent += 1
-                received.poll()
+            sent = _offer_until_held(publication, received)
             assert publication.position <= WINDOW + 1056  # held by the stopped spy
             _catch_up(received, sent)
             os.kill(child.pid, signal.SIGKILL)
@@ -492,10 +487,7 @@ def test_closing_a_spy_frees_its_counter_and_the_publisher(launch) -> None:
         spy = ca.add_subscription(f"aeron-spy:{uri}", 12)
         connect(publication, subscription, spy)
         received = Collector(subscription)
-        sent = 0
-        while publication.offer(message(sent, 1000)) > 0 or not sent:
-            sent += 1
-            received.poll()
+        sent = _offer_until_held(publication, received)
         assert publication.position <= WINDOW + 1056
         _catch_up(received, sent)
         spy_id = spy.registration_id

@@ -19,6 +19,8 @@ import pytest
 from helpers import (
     Collector,
     connect,
+    connected_stream,
+    counters_labelled,
     counters_of,
     free_port,
     message,
@@ -35,9 +37,8 @@ from slipstream.client import (
     Publication,
     SlipstreamError,
     Subscription,
-    control,
 )
-from slipstream.client.counters import CountersFile, CounterType
+from slipstream.client.counters import CounterType
 from slipstream.client.frames import Data, Pad, Rejected, decode_datagram
 from slipstream.client.layout import HDR_TYPE_PAD, HEADER_LENGTH
 from slipstream.daemon.driver import MediaDriver
@@ -49,12 +50,10 @@ from slipstream.sim.real.relay import Relay
 def test_unicast_stream_between_two_drivers_exactly_once_in_order(launch) -> None:
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
     a, b = launch(), launch()
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(uri, 1001)
-        publication = ca.add_publication(uri, 1001)
+    with connected_stream(a, b, uri, 1001) as (publication, subscription, _):
         # (Connected need not mean that B's client has heard of the image yet: B's driver
-        # answers the SETUP and tells its client at once, and either may arrive first.)
-        connect(publication, subscription)
+        # answers the SETUP and tells its client at once, and either may arrive first;
+        # connected_stream waits for both.)
         [image] = subscription.images
         assert image.session_id == publication.session_id
         assert image.source_identity.startswith("127.0.0.1:")
@@ -168,11 +167,7 @@ def test_multicast_to_several_subscriber_drivers(launch) -> None:
             collector.assert_exactly(10_000)
         # The receivers min flow control holds the sender to are a counter (Aeron's
         # fc-receivers, type 17), in stat as in AeronStat.
-        counters = CountersFile(publisher.directory / control.COUNTERS_FILE, writable=False)
-        try:
-            [receivers] = [c for c in counters if c.label.startswith("fc-receivers: ")]
-        finally:
-            counters.close()
+        [receivers] = counters_labelled(publisher, "fc-receivers: ")
         assert (receivers.type_id, receivers.value) == (CounterType.FC_RECEIVERS, 3)
         assert run_stat(publisher).stdout.count("fc-receivers: ") == 1
 
@@ -216,11 +211,7 @@ def test_nak_strength_slows_a_multicast_sender_to_a_slow_subscriber_and_loses_no
         stream(publication, collectors, 10_000, lambda i: 1000, timeout=60)
         for collector in collectors:
             collector.assert_exactly(10_000)
-        counters = CountersFile(publisher.directory / control.COUNTERS_FILE, writable=False)
-        try:
-            [rate_limit] = [info for info in counters if info.label.startswith("snd-rate: ")]
-        finally:
-            counters.close()
+        [rate_limit] = counters_labelled(publisher, "snd-rate: ")
         assert rate_limit.type_id == CounterType.SENDER_RATE_LIMIT
         assert run_stat(publisher).stdout.count("snd-rate: ") == 1  # while the stream lives
     sent, slow = counters_of(publisher), counters_of(subscribers[1])
@@ -499,11 +490,7 @@ def test_a_subscriber_position_past_what_arrived_is_held_at_the_hwm(launch) -> N
     over-run."""
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
     a, b = launch(), launch()
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(uri, 1004)
-        publication = ca.add_publication(uri, 1004)
-        connect(publication, subscription)
-        collector = Collector(subscription)
+    with connected_stream(a, b, uri, 1004) as (publication, subscription, collector):
         stream(publication, [collector], 1000, lambda i: 100)
         collector.assert_exactly(1000)
         [image] = subscription.images
@@ -551,11 +538,7 @@ def test_loss_is_repaired_by_naks_and_retransmits(launch, term: str) -> None:
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}{term}"
     a = launch()
     b = launch(debug_receive_data_loss=50_000, debug_receive_data_loss_seed=7)  # 5 %
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(uri, 5)
-        publication = ca.add_publication(uri, 5)
-        connect(publication, subscription)
-        collector = Collector(subscription)
+    with connected_stream(a, b, uri, 5) as (publication, _, collector):
         stream(publication, [collector], 20_000, lambda i: 64 + i % 900)
         collector.assert_exactly(20_000)
     sent, received = counters_of(a), counters_of(b)
@@ -573,11 +556,7 @@ def test_aborted_claims_on_a_udp_publication_are_padding_the_subscriber_reads_pa
     receiving driver took every datagram as valid."""
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
     a, b = launch(), launch()
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(uri, 21)
-        publication = ca.add_publication(uri, 21)
-        connect(publication, subscription)
-        collector = Collector(subscription)
+    with connected_stream(a, b, uri, 21) as (publication, _, collector):
         aborted = offer_with_aborted_claims(publication, 4_000, 7, message_of_size,
                                             poll=collector.poll)
         wait_for(lambda: collector.poll() >= 0 and len(collector.seen) >= 4_000, timeout=30,

@@ -25,6 +25,7 @@ from helpers import (
     NETWORK_SETTINGS,
     Collector,
     connect,
+    connected_stream,
     counters_of,
     free_port,
     message,
@@ -69,10 +70,7 @@ def test_reserved_values_cross_the_network_with_their_messages_retransmits_too(l
         by_claim = (i // 100) % 3 == 2  # runs of 100: offers, batches of 8, claims
         return min(length, 1376) if by_claim else length
 
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(uri, 14)
-        publication = ca.add_publication(uri, 14)
-        connect(publication, subscription)
+    with connected_stream(a, b, uri, 14) as (publication, subscription, _):
         got: list[tuple[int, int, int]] = []  # sequence number, length, reserved value
 
         def on_message(data: memoryview, header) -> None:
@@ -113,11 +111,8 @@ def test_a_cubic_receiver_carries_a_lossy_stream_exactly_once(launch) -> None:
     a = launch()
     b = launch(debug_receive_data_loss=50_000, debug_receive_data_loss_seed=3,
                cubic_measure_rtt=True)
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(uri + "|cc=cubic", 5)
-        publication = ca.add_publication(uri, 5)
-        connect(publication, subscription)
-        collector = Collector(subscription)
+    with connected_stream(a, b, uri + "|cc=cubic", 5, publication_uri=uri) as (
+            publication, _, collector):
         stream(publication, [collector], 20_000, lambda i: 64 + i % 900)
         collector.assert_exactly(20_000)
     received = counters_of(b)
@@ -129,11 +124,7 @@ def test_stat_shows_each_streams_positions_the_network_counters_and_the_loss_rep
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
     a = launch()
     b = launch(debug_receive_data_loss=50_000, debug_receive_data_loss_seed=3)  # 5 %
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(uri, 9)
-        publication = ca.add_publication(uri, 9)
-        connect(publication, subscription)
-        collector = Collector(subscription)
+    with connected_stream(a, b, uri, 9) as (publication, subscription, collector):
         stream(publication, [collector], 5_000, lambda i: 200)
         collector.assert_exactly(5_000)
         end = publication.position
@@ -170,11 +161,8 @@ def test_a_subscriber_peeks_again_at_what_it_consumed_while_the_image_log_holds_
     refused (Spark's restart from a checkpoint relies on both)."""
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
     a, b = launch(), launch()
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(uri, 12)
-        publication = ca.add_publication(f"{uri}|term-length=64k", 12)
-        connect(publication, subscription)
-        collector = Collector(subscription)
+    with connected_stream(a, b, uri, 12, publication_uri=f"{uri}|term-length=64k") as (
+            publication, subscription, collector):
         stream(publication, [collector], 600, lambda i: 100)  # 160 B frames: over a term
         collector.assert_exactly(600)
         [image] = subscription.images
@@ -251,11 +239,7 @@ def test_an_unreliable_stream_skips_what_is_lost_and_stays_in_order(launch) -> N
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}|reliable=false"
     a = launch()
     b = launch(debug_receive_data_loss=100_000, debug_receive_data_loss_seed=3)  # 10 %
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(uri, 5)
-        publication = ca.add_publication(uri, 5)
-        connect(publication, subscription)
-        collector = Collector(subscription)
+    with connected_stream(a, b, uri, 5) as (publication, subscription, collector):
         for seq in range(5000):
             while publication.offer(message(seq, 200)) < 0:
                 collector.poll()
@@ -480,11 +464,7 @@ def test_an_idle_driver_with_open_udp_channels_sleeps_between_its_timers(
 def test_dedicated_threads_carry_the_stream_too(launch) -> None:
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
     a, b = launch(threading_mode="dedicated"), launch(threading_mode="dedicated")
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(uri, 2)
-        publication = ca.add_publication(uri, 2)
-        connect(publication, subscription)
-        collector = Collector(subscription)
+    with connected_stream(a, b, uri, 2) as (publication, _, collector):
         stream(publication, [collector], 10_000, lambda i: 32 + i % 2000)
         collector.assert_exactly(10_000)
     shared = launch()
@@ -526,11 +506,7 @@ def test_a_channel_named_by_host_name_is_resolved_once_as_it_is_added(launch) ->
     assert str(resolved) == str(named)  # labels keep the name the user gave
     uri = f"aeron:udp?endpoint=localhost:{free_port()}"
     a, b = launch(), launch()
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(uri, 33)
-        publication = ca.add_publication(uri, 33)
-        connect(publication, subscription)
-        collector = Collector(subscription)
+    with connected_stream(a, b, uri, 33) as (publication, _, collector):
         stream(publication, [collector], 2000, lambda i: 100)
         collector.assert_exactly(2000)
 
