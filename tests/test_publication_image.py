@@ -266,6 +266,26 @@ def test_an_ended_stream_whose_last_subscriber_went_is_done_at_once(shm: Path) -
     assert [type(e) for e in rc.poll_events()] == [ImageUnavailable, ImageDone]
 
 
+def test_an_ended_image_tells_its_sender_with_an_eos_sm_before_it_goes(shm: Path) -> None:
+    """The sender's EOS and the last subscriber's going both come before the image's next
+    pass: the image still sends one EOS-flagged SM before it lingers, so the sender ends
+    its own linger at once (not after publication_linger_timeout)."""
+    rc, _ = receive_channel(shm)
+    rc.on_datagram(setup(), SRC, 0)
+    image, cell = attach(rc)
+    rc.on_datagram(data(0), SRC, 0)
+    rc.on_datagram(Heartbeat(64, 1, 2, 100, 0xE0).encode(), SRC, 1)
+    cell[0] = 64
+    image.remove_subscriber_position(cell)
+    sent = []
+    t = 1
+    while image.state is not ImageState.DONE:
+        assert t < 5 * 200 * MS, "the ended image waited out the drain"
+        sent += [decode(d.data) for d in rc.datagrams_to_send(t)]
+        t = max(t + 1, rc.next_deadline_ns())
+    assert any(isinstance(sm, StatusMessage) and sm.is_eos for sm in sent)
+
+
 def test_a_stream_still_sending_when_its_last_subscriber_went_drains_the_full_wait(
         shm: Path) -> None:
     """Without the sender's EOS the image tells the sender with EOS-flagged SMs for 5

@@ -211,6 +211,9 @@ class PublicationImage:
         self.state = ImageState.INIT
         self._time_of_last_state_change_ns = now_ns
         self.is_end_of_stream = False  # EOS seen and everything up to it rebuilt
+        #: An EOS-flagged SM went (DRAINING's): the sender knows this receiver is done, so it
+        #: ends its linger at once rather than after ``publication_linger_timeout``.
+        self._sent_end_of_stream_sm = False
         #: ``(from, to)`` stream positions this image lost because it was left behind (under
         #: fc=max, or rc=, a slow receiver can fall out of the sender's resend window); None
         #: while it is not.  Its subscribers read up to ``from``, then the image goes and the
@@ -757,8 +760,9 @@ class PublicationImage:
         network.ss_image_status_message_taken(c, position, now_ns)
         if self.left_behind is not None:  # nothing past the end its subscribers read to
             c.overrun_threshold = min(c.overrun_threshold, self.left_behind[0])
-        out.extend(self._status_message(
-            position, SM_EOS_FLAG if self.state is ImageState.DRAINING else 0))
+        draining = self.state is ImageState.DRAINING
+        out.extend(self._status_message(position, SM_EOS_FLAG if draining else 0))
+        self._sent_end_of_stream_sm = self._sent_end_of_stream_sm or draining
 
     def _check_left_behind(self) -> None:
         """Whether the sender has moved so far on that the data this image lacks (from
@@ -807,9 +811,11 @@ class PublicationImage:
             drained = min_sub >= end or not self._subscriber_positions
             # The EOS-flagged SMs of the wait tell a sender that is still there that this
             # receiver went; a stream that ended (its sender's EOS, rebuilt up to) and that no
-            # subscriber reads any more has no one to tell nor to wait for: its log goes now.
+            # subscriber reads any more waits for nothing once one such SM told its sender
+            # (which then ends its linger at once): its log goes now.
             if drained and (self.left_behind is not None  # nothing to wait for from the sender
-                            or (self.is_end_of_stream and not self._subscriber_positions)
+                            or (self.is_end_of_stream and not self._subscriber_positions
+                                and self._sent_end_of_stream_sm)
                             or now_ns - self._time_of_last_state_change_ns
                             >= 5 * self.status_message_timeout_ns):
                 if self.left_behind is not None:
