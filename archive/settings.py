@@ -50,7 +50,6 @@ from slipstream.client.settings import (
     text_list,
     toml_string,
 )
-from slipstream.client.units import parse_duration_ns, parse_size
 
 #: The environment's prefix of the archive's settings: SLIPSTREAM_ARCHIVE_CONTROL_PORT sets
 #: control_port (the driver's are SLIPSTREAM_<KEY>).
@@ -591,12 +590,15 @@ def _records(entries: Any) -> tuple[RecordSpec, ...]:
         if source is Source.REMOTE and parsed.media == "ipc":
             raise ArchiveSettingsError("record.source", f"{where}: aeron:ipc is always local")
         bounds = []
-        for key, parse in (("retention_max_bytes", parse_size),
-                           ("retention_max_age", parse_duration_ns)):
+        for key in ("retention_max_bytes", "retention_max_age"):
+            # Parsed and checked as the archive-wide key of the same name is.
+            spec = SETTINGS[key]
             try:
-                bounds.append(parse(entry.get(key, 0)))
-            except ValueError as e:
-                raise ArchiveSettingsError(f"record.{key}", f"{where}: {e}") from None
+                value = spec.parse(f"record.{key}", entry.get(key, 0))
+                spec.validate(f"record.{key}", value)
+            except ConfigurationError as e:
+                raise ArchiveSettingsError(e.key, f"{where}: {e.problem}") from None
+            bounds.append(value)
         specs.append(RecordSpec(channel, stream_id, source, retention_max_bytes=bounds[0],
                                 retention_max_age_ns=bounds[1]))
     return tuple(specs)
