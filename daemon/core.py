@@ -142,6 +142,7 @@ class _DriverCore:
         """What :meth:`_open` made (all of it, or as far as it came): the conductor's
         resources, the sockets, the counters."""
         opened = self._opened
+        self.resolver.close()
         for doorbell in self.doorbells:
             doorbell.close()
         self.doorbells = []

@@ -444,3 +444,44 @@ async def test_a_dynamic_receivers_control_name_follows_the_publisher(
 
     changes, _ = await _with_driver(follow, name_re_resolution_interval="200ms")
     assert changes == 1
+
+
+def test_commands_naming_hanging_hosts_share_a_bounded_pool_of_resolver_threads(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three times as many commands as the resolver has threads, each naming a host whose
+    lookup hangs: at most RESOLVER_POOL threads resolve (the rest of the commands wait in
+    the queue), once the lookups end every command is answered, with its host, and the
+    threads end as the resolver closes."""
+    real = socket.getaddrinfo
+    release = threading.Event()
+
+    def getaddrinfo(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host.endswith(".hang.test"):
+            release.wait(30)
+            return real("127.0.0.1", *args, **kwargs)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    woken = threading.Semaphore(0)
+    resolver = names.NameResolver(woken.release)
+    commands = 3 * names.RESOLVER_POOL
+
+    def resolving() -> int:
+        return sum(t.name == "ss-resolve" for t in threading.enumerate())
+
+    before = resolving()
+    for request in range(commands):
+        resolver.submit(names.ResolveNames(request, (f"h{request}.hang.test",)))
+    wait_for(lambda: resolving() - before == names.RESOLVER_POOL,
+             what="the pool's threads started")
+    time.sleep(0.2)  # a thread per command would have started by now
+    assert resolving() - before == names.RESOLVER_POOL
+    release.set()
+    answers: dict[int, names.NamesResolved] = {}
+    while len(answers) < commands:
+        assert woken.acquire(timeout=10), f"{len(answers)} of {commands} answered"
+        answers.update((a.request, a) for a in resolver.answered())
+    assert all(answers[r].answers[f"h{r}.hang.test"].address == "127.0.0.1"
+               for r in range(commands))
+    resolver.close()  # as the driver closes: its threads end
+    wait_for(lambda: resolving() == before, what="the resolver's threads ended")

@@ -32,6 +32,7 @@ from __future__ import annotations
 import collections
 import ipaddress
 import logging
+import queue
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final, Generic, TypeVar
@@ -51,6 +52,9 @@ PREFETCH_TIMEOUT_S: Final = 5.0
 #: to the conductor as it answers: a name whose resolver hangs holds one, never the others'
 #: answers.  More names due wait for a free one.
 RESOLVER_THREADS: Final = 4
+#: The resolver's threads, started as commands come: a command waits for a free one, so that
+#: commands naming hosts that hang (``getaddrinfo``: 5 s a try) cannot start a thread each.
+RESOLVER_POOL: Final = 16
 
 
 def names_of(channel: Channel) -> list[tuple[str, str]]:
@@ -109,23 +113,48 @@ class NamesResolved:
 
 
 class NameResolver:
-    """The owner of name resolution: :meth:`submit` (the conductor's thread) starts a thread
-    that resolves the command's hosts, queues its :class:`NamesResolved` and calls ``wake``
-    (from that thread); :meth:`answered` (the conductor's thread) takes the answers queued."""
+    """The owner of name resolution: :meth:`submit` (the conductor's thread) queues a command
+    for one of at most :data:`RESOLVER_POOL` threads, which resolves its hosts, queues its
+    :class:`NamesResolved` and calls ``wake`` (from that thread); :meth:`answered` (the
+    conductor's thread) takes the answers queued.  The threads are daemons: one that hangs in
+    ``getaddrinfo`` never holds up the driver's exit."""
 
     def __init__(self, wake: Callable[[], None]) -> None:
         """``wake``: tells the conductor's thread an answer is queued (any thread)."""
         self._wake = wake
         self._again = threading.BoundedSemaphore(RESOLVER_THREADS)
+        # Put by the conductor's thread, taken by the resolver's.
+        self._commands: queue.SimpleQueue[ResolveNames | None] = queue.SimpleQueue()
+        self._threads = 0  # started (the conductor thread's)
         # Appended by the resolver's threads, taken by the conductor's (a deque's append and
         # popleft are atomic).
         self._answers: collections.deque[NamesResolved] = collections.deque()
 
     # -- the conductor thread's: the commands, and their answers ----------------------------
     def submit(self, command: ResolveNames) -> None:
-        """Resolve ``command``'s hosts on a thread of their own (the conductor's thread)."""
-        threading.Thread(target=self._resolve, args=(command,), name="ss-resolve",
-                         daemon=True).start()
+        """Queue ``command`` for the resolver's threads, starting one more while fewer than
+        :data:`RESOLVER_POOL` run (the conductor's thread).  A thread that cannot be started
+        leaves the command to those that run, or, with none, answers it unresolved."""
+        self._commands.put(command)
+        if self._threads < RESOLVER_POOL:
+            try:
+                threading.Thread(target=self._serve, name="ss-resolve", daemon=True).start()
+            except RuntimeError as e:  # no thread to be had
+                if self._threads == 0:
+                    log.error("cannot start a thread to resolve %s: %s",
+                              ", ".join(command.hosts), e)
+                    self._answers.append(NamesResolved(command.request, {}))
+                    self._commands.get()  # answered: no thread is to take it
+                    self._wake()
+                return
+            self._threads += 1
+
+    def close(self) -> None:
+        """End the resolver's threads as they finish what they resolve (the conductor's
+        thread, as the driver closes; a command queued after is never answered)."""
+        for _ in range(self._threads):
+            self._commands.put(None)
+        self._threads = RESOLVER_POOL  # no more
 
     def answered(self) -> list[NamesResolved]:
         """The answers queued since the last call, oldest first (the conductor's thread)."""
@@ -134,7 +163,11 @@ class NameResolver:
             answers.append(self._answers.popleft())
         return answers
 
-    # -- a resolver thread's: one command --------------------------------------------------
+    # -- a resolver thread's: the commands queued, one at a time -----------------------------
+    def _serve(self) -> None:
+        while (command := self._commands.get()) is not None:
+            self._resolve(command)
+
     def _resolve(self, command: ResolveNames) -> None:
         """A resolver's thread: the answer is queued whatever happens (a host missing from
         it: the resolver failed)."""

@@ -189,7 +189,7 @@ OWNERS: dict[str, str] = {
     CONDUCTOR: "the conductor's thread alone",
     SENDER: "the sender's thread alone (its Python half, and its C half's words)",
     RECEIVER: "the receiver's thread alone",
-    RESOLVER: "a resolver's thread (one per command, daemon/media/names.py): what it resolves "
+    RESOLVER: "one of the resolver's pool of threads (daemon/media/names.py): what it resolves "
               "alone",
 }
 
@@ -250,7 +250,7 @@ IMAGE_THREADS: dict[str, str] = _owned(
 #: blocking resolution itself, which a resolver's thread runs, never the conductor's.
 NAME_THREADS: dict[str, dict[str, str]] = {
     "NameCache": _owned(conductor="unresolved store lookup"),
-    "NameResolver": _owned(conductor="submit answered"),
+    "NameResolver": _owned(conductor="submit answered close"),
     "resolve": _owned(resolver="resolve"),
 }
 
