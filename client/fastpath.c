@@ -178,7 +178,7 @@ usage:
     return -1;
 }
 
-/* One offer of `message` with `reserved_value`: offer()'s body, inlined in offerer_call with
+/* One offer of `message` with `reserved_value`: offer()'s body, inlined in offerer_offer with
  * reserved_value 0, so that the common call, offer(message), is ss_offer as it always was, and
  * in offer_with_value. */
 static inline __attribute__((always_inline)) PyObject *
@@ -338,7 +338,8 @@ static PyType_Slot offerer_slots[] = {
 static PyType_Spec offerer_spec = {
     .name = "slipstream.client._fastpath.Offerer",
     .basicsize = sizeof(Offerer),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    /* Immutable, as a static type is: setting Offerer.offer cannot change every publication's. */
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
     .slots = offerer_slots,
 };
 
@@ -515,7 +516,8 @@ static PyObject *fast_idle_progress(PyObject *module, PyObject *unused) {
 static PyObject *fast_failed_index(PyObject *module, PyObject *unused) {
     (void)module;
     (void)unused;
-    return Py_NewRef(failed_index);
+    /* NULL only when the index of a failed dispatch could not be made (no memory). */
+    return failed_index != NULL ? Py_NewRef(failed_index) : PyLong_FromLong(-1);
 }
 
 static PyMethodDef methods[] = {

@@ -514,10 +514,13 @@ class Publication(ClosedOnExit):
         publisher eventcount, which the driver bumps when it moves the limit (the GIL
         released meanwhile).  Returns :attr:`has_credit`.  For a loop that serves other
         work too and so bounds the wait; an offer that waits for credit by itself parks
-        the same way (the client's idle strategy)."""
+        the same way (the client's idle strategy).  :class:`InvalidArgumentError` for a
+        ``timeout_ns`` that is not an int of 0 or more."""
+        control.check_int64("timeout_ns", timeout_ns, low=0)
         if self.is_closed:
             return True
-        return bool(lib.ss_await_credit(self._appender, 0, 0, timeout_ns))
+        credit = bool(lib.ss_await_credit(self._appender, 0, 0, timeout_ns))
+        return credit or self.is_closed  # closed meanwhile: an offer returns CLOSED at once
 
     def wait_durable(self, position: int, timeout_s: float) -> bool:
         """Wait until :attr:`durable_position` reaches ``position`` (an offer's result, or

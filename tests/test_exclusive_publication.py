@@ -577,5 +577,9 @@ def test_await_credit_parks_until_the_subscriber_frees_the_window(client: Client
         reader.join()
     assert time.monotonic() - started < 5.0
     assert publication.has_credit
+    for bad in (-1, 1.5, True, None):
+        with pytest.raises(InvalidArgumentError) as refused:
+            publication.await_credit(bad)  # type: ignore[arg-type]
+        assert refused.value.field == "timeout_ns"
     publication.close()
     assert publication.has_credit and publication.await_credit(1)
