@@ -244,6 +244,7 @@ def test_the_subnet_is_chosen_among_the_addresses_the_transports_give() -> None:
     """The conductor asks its transports for the host's addresses (the simulator gives its
     host's own); a unicast wildcard subnet stays the wildcard and asks for none."""
     from slipstream.daemon.conductor.network_records import _resolved
+    from slipstream.daemon.media.names import NameCache
 
     host = [_address("sim0", "10.0.0.3/24")]
 
@@ -251,7 +252,7 @@ def test_the_subnet_is_chosen_among_the_addresses_the_transports_give() -> None:
         raise AssertionError("the host's addresses were listed")
 
     def interface_of(uri: str, local=lambda: host) -> str:
-        resolved = _resolved(parse_channel(uri), local)
+        resolved = _resolved(parse_channel(uri), NameCache(), local)
         assert resolved.interface is not None and resolved.interface.prefix_length is None
         return str(resolved.interface)
 

@@ -80,6 +80,9 @@ def test_a_calm_driver_wakes_only_for_its_conductor_cycles(driver_dir: Path) -> 
     assert cycles >= 3, f"{cycles} conductor cycles in 4 s"
     assert main <= cycles + 2, f"the main thread woke {main} times for {cycles} cycles"
     assert watcher == 0, f"the futex watcher woke {watcher} times"
-    assert client_thread <= 4.0 // EVENTS_SAFETY_NET_S + 1, (
+    # The client's thread: its safety net at most once in the 4 s, and each wake-up may
+    # count twice (a wait for the GIL as it wakes is a switch too); a timer of its own even
+    # once a second would wake it at least 4 times, each at least once.
+    assert client_thread <= 2 * (4.0 // EVENTS_SAFETY_NET_S + 1) + 1, (
         f"the client's thread woke {client_thread} times")
 
