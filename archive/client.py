@@ -486,22 +486,27 @@ class ArchiveReplay:
         return chunk
 
     def _check_end(self, image: Image) -> None:
-        """At the end of the replay's stream: raise unless the range was read whole."""
-        if self._end_asks_stop(image):
+        """At the end of the replay's stream: raise unless the range was read whole.  The
+        image's end of stream is read once: the driver may set it meanwhile, and an end seen
+        only by the second look would be taken as short without asking the archive."""
+        ended = image.is_end_of_stream
+        if self._end_asks_stop(ended):
             self._stopped_at(*self.archive.recording_position(self._followed_id()))
-        self._raise_if_short(image)
+        self._raise_if_short(ended)
 
     async def _check_end_async(self, image: Image) -> None:
         """:meth:`_check_end` from a trio or asyncio task."""
-        if self._end_asks_stop(image):
+        ended = image.is_end_of_stream
+        if self._end_asks_stop(ended):
             self._stopped_at(*await self.archive.recording_position_async(
                 self._followed_id()))
-        self._raise_if_short(image)
+        self._raise_if_short(ended)
 
-    def _end_asks_stop(self, image: Image) -> bool:
-        """Whether the stream ended short of a followed recording's stop not known yet: whole
-        if the recording stopped where it ended (the archive is asked)."""
-        return (image.is_end_of_stream and not self.done and self.end is None
+    def _end_asks_stop(self, ended: bool) -> bool:
+        """Whether the stream ended (``ended``: its image's end of stream) short of a
+        followed recording's stop not known yet: whole if the recording stopped where it
+        ended (the archive is asked)."""
+        return (ended and not self.done and self.end is None
                 and self.started.recording_id is not None)
 
     def _followed_id(self) -> int:
@@ -512,8 +517,8 @@ class ArchiveReplay:
         if not active:
             self._stop_position = position
 
-    def _raise_if_short(self, image: Image) -> None:
-        if not image.is_end_of_stream or self.done:
+    def _raise_if_short(self, ended: bool) -> None:
+        if not ended or self.done:
             return
         source = "a held stream's live log" if self.started.recording_id is None else \
             f"recording {self.started.recording_id}"
