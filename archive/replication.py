@@ -245,9 +245,12 @@ class ReplayRefused:
 
 @dataclass(frozen=True)
 class ReplayClosed:
-    """:class:`CloseReplay` ran."""
+    """:class:`CloseReplay` ran; ``error`` says why stopping or closing the replay failed
+    (None: it did not), which the service's thread logs and counts."""
 
     peer: int
+    fetch_id: int
+    error: str | None
 
 
 @dataclass(frozen=True)
@@ -317,8 +320,8 @@ class _Caller:
                 replay.close(stop_at_archive=request.stop and link is not None
                              and link.is_connected)
             except SlipstreamError as e:
-                log.warning("replication: the peer %s: %s", peer, e)
-            return ReplayClosed(request.peer)
+                return ReplayClosed(request.peer, request.fetch_id, str(e))
+            return ReplayClosed(request.peer, request.fetch_id, None)
         link = self._link(request.peer)
         if isinstance(request, ListRecordings):
             if link is None or not link.is_connected:
@@ -401,6 +404,7 @@ class Replicator:
         self.looked = 0  # the peers' lists of recordings taken (a look at a peer each)
         self.fetched = 0  # fetches that completed their range
         self.cut_short = 0  # fetches that ended before their range's end
+        self.closes_failed = 0  # replays whose stop at the peer or close failed
         self._caller = _Caller(
             service.client, settings.peers,
             sorted({spec.stream_id for spec in settings.records}),
@@ -462,6 +466,12 @@ class Replicator:
                 else:
                     fetch.replay = result
                     fetch.since = fetch.moved_at = time.monotonic()
+            elif isinstance(result, ReplayClosed):
+                if result.error is not None:
+                    self.closes_failed += 1
+                    log.warning("replication: closing fetch %d's replay from the peer %s "
+                                "failed: %s", result.fetch_id, self._peers[result.peer],
+                                result.error)
             elif isinstance(result, CallFailed):
                 request = result.request
                 if isinstance(request, ListRecordings):

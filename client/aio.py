@@ -290,7 +290,7 @@ async def _wait_for_credit(publication: AsyncPublication, message: Buffer, resul
         if result == _CLOSED:
             # The client's lock may be held a whole request long by another thread: ask in a
             # worker thread, not on the event loop (CLOSED comes once; the hop costs nothing).
-            cut_off = await anyio.to_thread.run_sync(publication._client.cut_off_error)
+            cut_off = await anyio.to_thread.run_sync(publication.cut_off_error)
             if cut_off is not None:
                 raise cut_off
             raise ClosedError(f"the publication of stream {publication.stream_id} on "

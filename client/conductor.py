@@ -93,6 +93,35 @@ def _after_linger(release: Callable[[], None], linger_s: float | None = None) ->
 _THREAD_NEW, _THREAD_RUNNING, _THREAD_ENDED, _THREAD_SKIPPED = range(4)
 
 
+
+class _OwnedRLock:
+    """A reentrant lock that can say whether the calling thread holds it, which
+    ``threading.RLock`` answers only through a private method."""
+
+    __slots__ = ("_depth", "_lock", "_owner")
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._owner: int | None = None  # the holding thread's ident; None while free
+        self._depth = 0  # how many times the holder entered it
+
+    def __enter__(self) -> _OwnedRLock:
+        self._lock.acquire()
+        self._owner = threading.get_ident()
+        self._depth += 1
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self._owner = None
+        self._lock.release()
+
+    def held_by_this_thread(self) -> bool:
+        """Whether the calling thread holds the lock.  Read without the lock: only the
+        holder ever writes its own ident here, so another thread never sees its own."""
+        return self._owner == threading.get_ident()
+
 class ClientConductor:
     """A client's resources and its conversation with its driver (module doc).  Thread-safe:
     its lock is held while the driver's messages are read and applied, by the conductor
@@ -126,7 +155,7 @@ class ClientConductor:
         self._pid = os.getpid()
         self.spins_before_yield = spins_before_yield
         self._request_timeout = request_timeout
-        self._lock = threading.RLock()
+        self._lock = _OwnedRLock()
         self._closed = False
         self._driver_lost: str | None = None
         self._driver_still_running = False  # lost, but a driver serves the directory
@@ -687,7 +716,7 @@ class ClientConductor:
         run by the conductor thread or by a request's wait): it must not wait for the
         conductor thread, which may be waiting for the lock."""
         return (threading.current_thread() is self._thread
-                or self._lock._is_owned())  # type: ignore[attr-defined]
+                or self._lock.held_by_this_thread())
 
     def _close(self) -> None:
         try:

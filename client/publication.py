@@ -34,7 +34,13 @@ from slipstream.client._native import ffi, lib
 from slipstream.client.channel import PolicySpec, parse_channel
 from slipstream.client.closing import ClosedOnExit
 from slipstream.client.counters import SystemCounter
-from slipstream.client.errors import InvalidArgumentError, MessageTooLongError, UsageError
+from slipstream.client.errors import (
+    ClosedError,
+    DriverNotRunningError,
+    InvalidArgumentError,
+    MessageTooLongError,
+    UsageError,
+)
 from slipstream.client.idle import IDLE_PARK_NS, IDLE_YIELD_NS, SpinThenPark
 from slipstream.client.idle import progress as idle_progress
 from slipstream.client.layout import HEADER_LENGTH, INT64_MAX, INT64_MIN
@@ -570,6 +576,12 @@ class Publication(ClosedOnExit):
     @property
     def is_closed(self) -> bool:
         return bool(self._appender.closed)
+
+    def cut_off_error(self) -> DriverNotRunningError | ClosedError | None:
+        """Why offers say CLOSED when the client is the reason (its driver went, or the client
+        closed): the error to raise; None when the application closed this publication.
+        May wait for the client's lock, which a request holds as long as it waits."""
+        return self._client.cut_off_error()
 
     def _on_episode(self, message: dict) -> None:
         """The driver's BACK_PRESSURE_EPISODE (client conductor thread): keep it and call the

@@ -314,7 +314,7 @@ def _offer_column(publication: Publication, column: pa.Array, enveloped: np.ndar
                 f"{publication.stream_id} failed with {result_name(result)} after "
                 f"{rows_before + done} rows")
             if result == CLOSED:
-                cut_off = publication._client.cut_off_error()
+                cut_off = publication.cut_off_error()
                 if cut_off is not None:  # the driver went: say so
                     raise cut_off from failed
             raise failed
