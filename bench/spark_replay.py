@@ -32,7 +32,7 @@ holder's and the reader's clients unmap a closed replay's logs at once
 subscription closed; ``--gap S`` pauses S seconds before each replay (4 lets every replay
 after the first two find its logs kept), and ``--set KEY=VALUE`` sets both drivers'
 settings (``--set log_reuse_bytes=0``: new files always).  The command prints how many logs
-each driver made from released ones.
+each driver made from released ones, in all and per replayed read.
 
 ``--pin`` gives each "host" a CPU of its own: the holder's process and driver on CPU 1, this
 process (the reader) and the executor's driver on CPU 0 (every thread, as ``taskset`` would).
@@ -129,6 +129,16 @@ def _add_difference(table: dict[tuple[str, str], list[tuple[int, int]]],
     for thread, (ns, faults) in after.items():
         ns0, faults0 = before.get(thread, (0, 0))
         table[thread].append((ns - ns0, faults - faults0))
+
+
+def _reused_since(before: tuple[int, int], after: tuple[int, int]) -> tuple[int, int]:
+    """The logs each driver made in released logs' files from ``before`` to ``after``
+    (their LOGS_REUSED counters)."""
+    return after[0] - before[0], after[1] - before[1]
+
+
+def _per_read(counts: list[tuple[int, int]]) -> str:
+    return " ".join(f"{sender}/{reader}" for sender, reader in counts)
 
 
 def thread_cpu(pids: dict[str, int]) -> dict[tuple[str, str], tuple[int, int]]:
@@ -416,13 +426,22 @@ def main() -> None:
         stream_cpu: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
         archive_cpu: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
         archive_pids = {**pids, "archive": archive.pid} if archive is not None else pids
+        # Per replayed read, how many logs each driver made in released logs' files.
+        holder_reused: list[tuple[int, int]] = []
+        archive_reused: list[tuple[int, int]] = []
+
+        def logs_reused() -> tuple[int, int]:
+            counts = [read_system_counters(d)[SystemCounter.LOGS_REUSED] for d in directories]
+            return counts[0], counts[1]
 
         def archive_run() -> None:
             if archived is not None:
                 time.sleep(args.gap)
+                reused_before = logs_reused()
                 before = thread_cpu(archive_pids)
                 rows, seconds, first = rows_of(archived)
                 _add_difference(archive_cpu, before, thread_cpu(archive_pids))
+                archive_reused.append(_reused_since(reused_before, logs_reused()))
                 assert rows == args.messages, rows
                 archive_runs.append((rows / seconds, first))
 
@@ -433,9 +452,11 @@ def main() -> None:
             if run % 2:  # the archive's replay before the holder's in every other run
                 archive_run()
             time.sleep(args.gap)
+            reused_before = logs_reused()
             before = thread_cpu(pids)
             rows, seconds, first = rows_of(partition(executor_dir))
             _add_difference(cpu, before, thread_cpu(pids))
+            holder_reused.append(_reused_since(reused_before, logs_reused()))
             assert rows == args.messages, rows
             replayed_runs.append((rows / seconds, first))
             if not run % 2:
@@ -493,7 +514,10 @@ def main() -> None:
               f"(a replay fills two new logs; the best local read took "
               f"{args.messages / local_best * 1e3:.1f} ms)")
         print(f"logs made in the files of released ones (log_reuse_bytes): the holder's "
-              f"driver {reused[0]}, the reader's {reused[1]}")
+              f"driver {reused[0]}, the reader's {reused[1]}; per replayed read, in run "
+              f"order (the replaying side's driver / the reader's): the holder's "
+              f"{_per_read(holder_reused)}"
+              + (f", the archive's {_per_read(archive_reused)}" if archive_reused else ""))
         if args.cpu:
             tables = [("replayed read", cpu), ("archive's replayed read", archive_cpu),
                       ("warm stream's timed pass", stream_cpu)]
