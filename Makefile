@@ -80,20 +80,11 @@ containers:
 run: install
 	$(BIN)/slipstream demo $(if $(DIR),--dir $(DIR),)
 
-# The containers lane runs beside the others: most of its time is podman building the image
-# and starting containers, and it would add minutes in line; its report follows theirs.  It
-# runs niced (the others have timing-bound tests) and goes with make (Ctrl-C, a kill).
-CONTAINERS_LOG := $(VENV)/containers-lane.log
+# The lanes run in groups side by side (scripts/run-lanes says which and why), each group's
+# report printed as it ends; Ctrl-C or a kill ends them all.
 test: install java aeron tools containers
 	$(BIN)/ruff check .
-	@nice -n 10 $(BIN)/python -m pytest -q -p no:cacheprovider -m containers \
-	    >$(CONTAINERS_LOG) 2>&1 & \
-	lane=$$!; trap 'kill $$lane 2>/dev/null' INT TERM; \
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not containers"; others=$$?; \
-	wait $$lane; containers=$$?; \
-	echo "--- the containers lane, run beside the others ($(CONTAINERS_LOG)):"; \
-	cat $(CONTAINERS_LOG); \
-	[ $$others -eq 0 ] && [ $$containers -eq 0 ]
+	@scripts/run-lanes $(BIN)/python
 
 # Every test is in one lane (tests/conftest.py says which and why): unit, sim (the simulator),
 # sockets (real driver processes on this host), hosts (root: namespaces, iptables, other users,

@@ -139,11 +139,10 @@ def hosts(request: pytest.FixtureRequest, needs_hosts: None):  # -> Iterator[Nam
 #   interop  the stock Aeron Java driver (tests/aeron_peer/)
 #   spark    a SparkSession
 #   containers  slipstream's image and containers of it (podman, as root), on this host or on
-#            namespace hosts; `make test` runs this lane beside the others (it waits on
-#            podman's builds and starts more than it computes)
+#            namespace hosts
 #
 # ``make test-fast`` runs ``-m "unit or sim"``, ``make test-lane LANE=x`` one lane, and
-# ``make test`` every lane.  A module's lane is MODULE_LANES'; a test of another lane says so
+# ``make test`` every lane, in groups side by side (scripts/run-lanes).  A module's lane is MODULE_LANES'; a test of another lane says so
 # with its own ``@pytest.mark.<lane>`` (or its module's ``pytestmark``), or, in the modules
 # listed in TEST_LANES, there.  A module missing from MODULE_LANES fails the collection.
 
@@ -237,6 +236,7 @@ MODULE_LANES = {
     "test_rate_control": "unit",
     "test_re_resolution": "unit",
     "test_re_resolution_hosts": "hosts",
+    "test_run_lanes": "unit",
     "test_replay": "hosts",
     "test_replay_block": "unit",
     "test_response_channels": "sockets",
