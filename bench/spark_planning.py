@@ -13,7 +13,9 @@ reader's replay holder (the thread that serves read tasks on other hosts) runs w
 host has a non-loopback address, as it does in a query on a cluster.
 
 Printed per K: the median and p99 of the planning time per batch (the four calls, ms), of
-each call, and the median's ratio to the one-stream reader's in the same run.  No Spark
+each call, and the median's ratio to the one-stream reader's in the same run; and the
+planning thread's CPU time per batch (median and p99), which other processes competing for
+the cores inflate less than the time.  No Spark
 session: the calls are the reader's own, timed without Spark's RPC to its Python runner
 (about a millisecond a call on top, the same at any K).
 
@@ -88,12 +90,13 @@ def measure(streams: int, batches: int, warmup: int) -> dict[str, list[float]]:
                         raise RuntimeError(f"{len(planner._images())} of {streams} images")
                     time.sleep(0.01)
                 start = planner.latestOffset(start, ReadAllAvailable())  # sessions enter
-                times: dict[str, list[float]] = {name: [] for name in (*CALLS, "plan")}
+                times: dict[str, list[float]] = {name: [] for name in (*CALLS, "plan", "cpu")}
                 for batch in range(warmup + batches):
                     for publication in publications:
                         while publication.offer(PAYLOAD) < 0:
                             time.sleep(0.0001)
                     took = {}
+                    cpu = time.thread_time()
                     began = time.perf_counter()
                     end = planner.latestOffset(start, ReadAllAvailable())
                     took["latestOffset"] = time.perf_counter() - began
@@ -106,6 +109,7 @@ def measure(streams: int, batches: int, warmup: int) -> dict[str, list[float]]:
                     began = time.perf_counter()
                     planner.commit(end)
                     took["commit"] = time.perf_counter() - began
+                    cpu = time.thread_time() - cpu
                     if len(partitions) != streams:
                         raise RuntimeError(f"batch {batch}: {len(partitions)} partitions for "
                                            f"{streams} streams")
@@ -114,6 +118,7 @@ def measure(streams: int, batches: int, warmup: int) -> dict[str, list[float]]:
                         for name, seconds in took.items():
                             times[name].append(seconds * 1000)
                         times["plan"].append(sum(took.values()) * 1000)
+                        times["cpu"].append(cpu * 1000)
                 return times
             finally:
                 planner.stop()
@@ -133,16 +138,20 @@ def main() -> int:
     print(f"load average at start: {os.getloadavg()}")
     print(f"replay holder at {host_address()} (127.0.0.1: none)")
     base: float | None = None
+    cpu_base: float | None = None
     for streams in counts:
         times = measure(streams, args.batches, args.warmup)
         median = statistics.median(times["plan"])
         base = median if base is None else base
         calls = "  ".join(f"{name} {statistics.median(times[name]):.2f}/"
                           f"{percentile(times[name], 0.99):.2f}" for name in CALLS)
+        cpu = statistics.median(times["cpu"])
+        cpu_base = cpu if cpu_base is None else cpu_base
         print(f"{streams:>5} streams: plan per batch median {median:7.2f} ms, p99 "
               f"{percentile(times['plan'], 0.99):7.2f} ms, {median / base:6.1f}x the "
-              f"{counts[0]}-stream median, {median / streams:.3f} ms a stream   "
-              f"(median/p99 ms: {calls})", flush=True)
+              f"{counts[0]}-stream median, {median / streams:.3f} ms a stream; CPU median "
+              f"{cpu:6.2f} ms, p99 {percentile(times['cpu'], 0.99):6.2f} ms, "
+              f"{cpu / cpu_base:6.1f}x   (median/p99 ms: {calls})", flush=True)
     print(f"load average at end: {os.getloadavg()}")
     return 0
 
