@@ -770,7 +770,8 @@ class Image:
             return
         self._ended = self._position >= self._log.end_of_stream_position
         self._closed = True
-        self._spare_readers.clear()  # their views of the mapping, too
+        while self._spare_readers:  # their views of the mapping go first: it can unmap now
+            self._spare_readers.pop().close()
         self._terms = []
         self._term_ptrs = []
         self._header._term = memoryview(b"")
