@@ -366,8 +366,8 @@ def test_as_many_streams_as_the_bound_are_read_and_one_more_is_refused() -> None
 
 
 @pytest.mark.unit
-@given(st.lists(st.integers(-2**31, 2**31 - 1), min_size=1, max_size=40, unique=True)
-       .map(sorted).flatmap(lambda ids: st.permutations(ids)))
+@given(st.lists(st.integers(-30, 30) | st.integers(-2**31, 2**31 - 1), min_size=1,
+                max_size=40, unique=True))
 def test_a_list_written_back_compactly_names_the_same_streams_in_the_same_order(
         stream_ids: list[int]) -> None:
     described = describe_stream_ids(stream_ids)
