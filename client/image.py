@@ -16,8 +16,9 @@ Aeron): copy what you keep.  A :class:`MessageBatch` is valid until the next pol
 
 from __future__ import annotations
 
+import contextlib
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from slipstream.client import _fastpath
 from slipstream.client._native import ffi, lib
@@ -128,6 +129,9 @@ class Image:
         self._gone_address = int(ffi.cast("uintptr_t", self._gone_cell))
         self._closed = False
         self._ended = False  # is_end_of_stream when it closed
+        #: Readers of this log that :meth:`available_position` and :meth:`peek` made and
+        #: put back, rewound for the next question (making one costs more than most scans).
+        self._spare_readers: list[Image] = []
         self._doorbell_fd = doorbell_fd
         self.signal = log.reader_signal()
         self.waiters = log.reader_waiters()
@@ -597,6 +601,31 @@ class Image:
         return Image(self._log.borrowed(), ffi.new("int64_t *", position),
                      join_position=position)
 
+    @contextlib.contextmanager
+    def _probe(self, position: int) -> Iterator[Image]:
+        """A :meth:`reader_at` ``position`` for one question of this image's, put back after
+        it for the next (the list pop and append are atomic: another thread asking at once
+        gets a reader of its own)."""
+        try:
+            probe = self._spare_readers.pop()
+        except IndexError:
+            probe = self.reader_at(position)
+        else:
+            probe._rewind(position)
+        yield probe
+        if not self._closed:
+            self._spare_readers.append(probe)
+
+    def _rewind(self, position: int) -> None:
+        """Start this private reader (:meth:`reader_at`'s) over at ``position``, a message
+        boundary, as if made there."""
+        self._position = position
+        self._position_ptr[0] = position
+        self.join_position = position
+        self._assembling = False
+        self._assembly = bytearray()
+        self._assembly_start = 0
+
     @property
     def log_path(self) -> str:
         """The log file, for :meth:`detached` readers in other processes."""
@@ -641,15 +670,15 @@ class Image:
         the position after the last whole message that is ready.  Raises
         :class:`ClosedError` once the image is gone."""
         self._check_open()
-        probe = self.reader_at(self._position)
-        boundary = probe._position
-        while True:
-            before = probe._position
-            probe.poll_batch(_MAX_SCAN)
-            if probe.at_message_boundary:  # mid-message positions are not boundaries
-                boundary = probe._position
-            if probe._position == before:
-                return boundary
+        with self._probe(self._position) as probe:
+            boundary = probe._position
+            while True:
+                before = probe._position
+                probe.poll_batch(_MAX_SCAN)
+                if probe.at_message_boundary:  # mid-message positions are not boundaries
+                    boundary = probe._position
+                if probe._position == before:
+                    return boundary
 
     def peek(self, position: int, handler: FragmentHandler, limit_position: int) -> int:
         """Deliver the whole messages in [position, limit_position) without moving this
@@ -662,18 +691,18 @@ class Image:
         """
         self._check_open()
         self.check_retained(position)
-        reader = self.reader_at(position)
-        while reader._position < limit_position:
-            offset = reader._position & self._term_mask
-            scan_end = min(self.term_length, offset + limit_position - reader._position)
-            before = reader._position
-            reader._read(handler, _MAX_SCAN, scan_end)
-            if reader._position == before:
-                break
-        self.check_retained(position)  # a writer may have lapped the reader meanwhile
-        # A message the limit cut: its first frame is the boundary (what was delivered ends
-        # there), so a commit of this position never skips it.
-        return reader._assembly_start if reader._assembling else reader._position
+        with self._probe(position) as reader:
+            while reader._position < limit_position:
+                offset = reader._position & self._term_mask
+                scan_end = min(self.term_length, offset + limit_position - reader._position)
+                before = reader._position
+                reader._read(handler, _MAX_SCAN, scan_end)
+                if reader._position == before:
+                    break
+            self.check_retained(position)  # a writer may have lapped the reader meanwhile
+            # A message the limit cut: its first frame is the boundary (what was delivered
+            # ends there), so a commit of this position never skips it.
+            return reader._assembly_start if reader._assembling else reader._position
 
     def check_retained(self, position: int) -> None:
         """Raise :class:`DataLossError` unless the log still holds the frame at ``position``
@@ -741,6 +770,8 @@ class Image:
             return
         self._ended = self._position >= self._log.end_of_stream_position
         self._closed = True
+        while self._spare_readers:  # their views of the mapping go first: it can unmap now
+            self._spare_readers.pop().close()
         self._terms = []
         self._term_ptrs = []
         self._header._term = memoryview(b"")

@@ -321,7 +321,12 @@ class LogView:
 
 
 class ImageView(LogView):
-    """A log in this host's shared memory, through an image of the holding subscription."""
+    """A log in this host's shared memory, through an image of the holding subscription.
+
+    Its :meth:`available_position` is the log's as of the first time this view is asked, as
+    a :class:`RemoteView`'s is as of its holder's answer: the planner takes a view per call
+    (a batch's end and its lag, or the latest offsets and their lag, agree), and asks a new
+    view for news."""
 
     def __init__(self, image: Image) -> None:
         self.image = image
@@ -330,6 +335,7 @@ class ImageView(LogView):
         self.identity = image.identity
         self.log_path = image.log_path
         self.join_position = image.join_position
+        self._available: int | None = None
 
     @property
     def position(self) -> int:  # type: ignore[override]
@@ -340,7 +346,9 @@ class ImageView(LogView):
         return end_of_stream(self.image)
 
     def available_position(self) -> int:
-        return self.image.available_position()
+        if self._available is None:
+            self._available = self.image.available_position()
+        return self._available
 
     def earliest_position(self) -> int:
         return earliest_position(self.image)

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import itertools
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 from slipstream.archive.settings import DEFAULT_CONTROL_PORT, DEFAULT_CONTROL_STREAM_ID
@@ -21,8 +23,9 @@ from slipstream.client.holder import DEFAULT_GROUP, HOLDER_PORT
 from slipstream.client.layout import FRAME_ALIGNMENT, INT32_MAX, INT32_MIN
 from slipstream.client.units import parse_duration_ns, parse_size
 
-__all__ = ["EARLIEST", "KAFKA_NAMES", "LATEST", "READ_OPTIONS", "WRITE_OPTIONS", "OptionError",
-           "SourceOptions", "parse_options"]
+__all__ = ["EARLIEST", "KAFKA_NAMES", "LATEST", "MAX_READER_STREAMS", "READ_OPTIONS",
+           "WRITE_OPTIONS", "OptionError", "SourceOptions", "describe_stream_ids",
+           "parse_options", "parse_stream_ids"]
 
 
 class OptionError(UsageError, ValueError):
@@ -61,8 +64,10 @@ _KAFKA_ONLY = {
     "kafka.bootstrap.servers": "a stream is reached through this host's driver: name its "
                                "channel URI in 'channel' (default aeron:ipc) and, where the "
                                "driver is not the default one, its 'directory'",
-    "subscribe": "a stream is named by 'streamId' (a reader may list several: 10,11)",
-    "subscribePattern": "a stream is named by 'streamId' (a reader may list several: 10,11)",
+    "subscribe": "a stream is named by 'streamId' (a reader may list several: 10,11, or "
+                 "a range: 1000-1099)",
+    "subscribePattern": "a stream is named by 'streamId' (a reader may list several: 10,11, "
+                        "or a range: 1000-1099)",
     "assign": "a stream is named by 'streamId'; its sessions are all read (per-session "
               "starts: startingOffsets {\"STREAM\": {\"SESSION\": POSITION}})",
     "topic": "a writer publishes to the stream named by 'streamId'",
@@ -104,7 +109,8 @@ class SourceOptions:
     #: The (first) stream: a writer's, and a reader's of one stream.  0 for a writer without
     #: ``streamId`` (it routes every row by its ``stream_id`` column; ``given`` tells).
     stream_id: int
-    #: A reader's streams, on ``channel`` (``streamId`` may list several: ``10,11``); their
+    #: A reader's streams, on ``channel`` (``streamId`` may list several and ranges of them:
+    #: ``10,11``, ``1000-1099``, ``1,5-9``: :func:`parse_stream_ids`); their
     #: sessions' offsets are keyed ``"<stream>:<session>"`` when there are several.
     stream_ids: tuple[int, ...] = ()
     channel: str = DEFAULT_CHANNEL
@@ -233,6 +239,69 @@ class SourceOptions:
                                         "recorded it (docs/SPARK.md)")
 
 
+#: The most streams one reader reads (``streamId``'s list and ranges in all): each is a
+#: subscription of the planner's and a key of every offset the query checkpoints.
+MAX_READER_STREAMS: Final = 1024
+_ONE_STREAM = re.compile(r"\s*(-?\d+)\s*")
+_STREAM_RANGE = re.compile(r"\s*(-?\d+)\s*-\s*(-?\d+)\s*")
+_STREAM_IDS_ACCEPTED = (f"accepted: a stream id, {INT32_MIN}..{INT32_MAX}, or a reader's "
+                        f"comma-separated list of ids and inclusive ranges of them: 10,11 or "
+                        f"1000-1099 or 1,5-9")
+
+
+def parse_stream_ids(text: str) -> tuple[int, ...]:
+    """``streamId``'s stream ids in the order named: comma-separated parts, each a stream id
+    (a 32-bit integer, ``-5`` too) or an inclusive range ``FIRST-LAST`` (``1000-1099``,
+    ``-10--1``).  Raises :class:`OptionError` naming ``streamId`` and the bad part: one that
+    is no id or range, a range whose first id is after its last, an id out of range, an id
+    named twice, or more than :data:`MAX_READER_STREAMS` ids in all."""
+    stream_ids: list[int] = []
+    named_in: dict[int, str] = {}  # each id, and the part that named it
+    for part in text.split(","):
+        if not part.strip():
+            raise OptionError("streamId", f"{text!r} has an empty part "
+                                          f"({_STREAM_IDS_ACCEPTED})")
+        single = _ONE_STREAM.fullmatch(part)
+        span = None if single else _STREAM_RANGE.fullmatch(part)
+        if single is None and span is None:
+            raise OptionError("streamId", f"{part.strip()!r} is not a stream id or a range of "
+                                          f"them ({_STREAM_IDS_ACCEPTED})")
+        first, last = (int(single[1]),) * 2 if single else (int(span[1]), int(span[2]))
+        for bound in (first, last):
+            if not INT32_MIN <= bound <= INT32_MAX:
+                raise OptionError("streamId", f"{part.strip()!r}: {bound} is out of range "
+                                              f"(accepted: {INT32_MIN}..{INT32_MAX})")
+        if first > last:
+            raise OptionError("streamId", f"{part.strip()!r}: the range's first stream id "
+                                          f"{first} is after its last, {last} (accepted: "
+                                          f"FIRST-LAST with FIRST <= LAST)")
+        if len(stream_ids) + last - first + 1 > MAX_READER_STREAMS:
+            raise OptionError("streamId", f"{part.strip()!r}: names {last - first + 1} "
+                                          f"stream{'s' if last > first else ''}, which makes "
+                                          f"{len(stream_ids) + last - first + 1} in all, over "
+                                          f"MAX_READER_STREAMS, the {MAX_READER_STREAMS} one "
+                                          f"reader reads at most: split the streams over "
+                                          f"queries")
+        for stream_id in range(first, last + 1):
+            if stream_id in named_in:
+                raise OptionError("streamId", f"{stream_id} is named twice (by "
+                                              f"{named_in[stream_id]!r} and {part.strip()!r})")
+            named_in[stream_id] = part.strip()
+            stream_ids.append(stream_id)
+    return tuple(stream_ids)
+
+
+def describe_stream_ids(stream_ids: Sequence[int]) -> str:
+    """``stream_ids`` as ``streamId`` names them, runs of consecutive ids as ranges:
+    ``1000-1099``, ``1,5-9`` (the inverse of :func:`parse_stream_ids`)."""
+    parts: list[str] = []
+    for _, run in itertools.groupby(enumerate(stream_ids), lambda pair: pair[1] - pair[0]):
+        ids = [stream_id for _, stream_id in run]
+        parts.append(str(ids[0]) if len(ids) == 1 else
+                     f"{ids[0]},{ids[1]}" if len(ids) == 2 else f"{ids[0]}-{ids[-1]}")
+    return ",".join(parts)
+
+
 def _positive_int(name: str, text: str) -> int:
     try:
         value = int(text.strip())
@@ -288,7 +357,7 @@ def _positions(name: str, text: str, words: tuple[str, ...], stream_ids: tuple[i
         if stream_id not in stream_ids:
             raise OptionError(name, f"stream {stream_id} (of session {session!r}) is not read "
                                     f"by this query (streamId: "
-                                    f"{','.join(map(str, stream_ids))})")
+                                    f"{describe_stream_ids(stream_ids)})")
         words_allowed = (LATEST,) if ending else (EARLIEST, LATEST)
         also = "or -1 (latest)" if ending else "or -2 (earliest) or -1 (latest)"
         if isinstance(position, bool) or not isinstance(position, int) or \
@@ -379,20 +448,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
 
     # Required by readers, and by writers whose frame has no stream_id column (both checked
     # once the direction and the frame are known).
-    stream_ids: list[int] = []
-    for text in given["streamId"].split(",") if "streamId" in given else ():
-        try:
-            stream_id = int(text.strip())
-        except ValueError:
-            raise OptionError("streamId", f"{text!r} is not an integer (accepted: "
-                                          f"{INT32_MIN}..{INT32_MAX}, or a reader's list of "
-                                          f"them: 10,11)") from None
-        if not INT32_MIN <= stream_id <= INT32_MAX:
-            raise OptionError("streamId", f"{stream_id} is out of range (accepted: "
-                                          f"{INT32_MIN}..{INT32_MAX})")
-        if stream_id in stream_ids:
-            raise OptionError("streamId", f"{stream_id} is named twice")
-        stream_ids.append(stream_id)
+    stream_ids = list(parse_stream_ids(given["streamId"])) if "streamId" in given else []
 
     channel = given.get("channel", DEFAULT_CHANNEL).strip()
     try:
@@ -607,7 +663,7 @@ def _timestamps_by_session(text: str | None, stream_ids: list[int]
             raise OptionError(name, f"{stream!r} is not a stream id ({accepted})") from None
         if stream_id not in stream_ids:
             raise OptionError(name, f"stream {stream_id} is not one this reader reads "
-                                    f"(streamId: {', '.join(map(str, stream_ids))})")
+                                    f"(streamId: {describe_stream_ids(stream_ids)})")
         if not isinstance(sessions, dict) or not sessions:
             raise OptionError(name, f"stream {stream}: {sessions!r} is not accepted "
                                     f"({accepted})")

@@ -67,7 +67,7 @@ from slipstream.client import SlipstreamError
 from slipstream.client.counters import Counter, CounterType, fit_label
 from slipstream.client.logview import LogView
 from slipstream.spark_bridge.archived import Archives, Endpoint
-from slipstream.spark_bridge.options import EARLIEST, LATEST, SourceOptions
+from slipstream.spark_bridge.options import EARLIEST, LATEST, SourceOptions, describe_stream_ids
 from slipstream.spark_bridge.planning import (
     GONE_GRACE_S,
     LossReports,
@@ -227,7 +227,7 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         the sessions hold past the committed offsets."""
         assert self._hold is not None
         if self._lag is None:
-            streams = ",".join(map(str, self.options.stream_ids))
+            streams = describe_stream_ids(self.options.stream_ids)
             name = self.options.query_name or f"stream {streams}"
             label = (f"spark-read-lag: {name} {self.options.channel} "
                      f"group {self.options.holder_group}")
@@ -1029,7 +1029,7 @@ class SlipstreamBatchReader(DataSourceReader):
                 "the archives"
             held = sorted({*views, *recorded})
             raise SlipstreamError(
-                f"slipstream stream {','.join(map(str, options.stream_ids))} on "
+                f"slipstream stream {describe_stream_ids(options.stream_ids)} on "
                 f"{options.channel}: no session {absent} at {where} (sessions there: "
                 f"{', '.join(held) or 'none'})")
         start: dict[str, object] = {}

@@ -23,7 +23,7 @@ from slipstream.client import (
     UsageError,
 )
 from slipstream.client.image import Image
-from slipstream.client.layout import INT64_MAX, INT64_MIN
+from slipstream.client.layout import HEADER_LENGTH, INT64_MAX, INT64_MIN
 from slipstream.client.subscription import _PARK_SLICE_NS
 from slipstream.daemon.driver import MediaDriver
 
@@ -208,6 +208,39 @@ def test_poll_gathered_copies_out_what_peek_delivers_across_terms_and_fragments(
     assert reader.position > 4 * 64 * 1024
     assert got == expected and len(got) == len(sizes)
     assert [row[2] for row in got] == [-i for i in range(len(sizes))]
+
+
+def test_an_images_questions_answer_as_a_new_reader_would_after_a_peek_cut_a_message(
+        client: Client) -> None:
+    """available_position and peek reuse the readers they make: after a peek whose limit cut
+    a fragmented message in two (its reader left mid-message), each answer on the same image
+    is a fresh detached reader's, again and again, as messages arrive."""
+    publication, subscription = connected_ipc(client, 1024)
+    image = subscription.images[0]
+    start = image.position
+    sent = [b"a" * 32, b"b" * 5000, b"c" * 100]
+    for message in sent:
+        offer_until(publication, message)
+    fragmented = start + (HEADER_LENGTH + 32 + 31 & -32)
+    first_frame = image.frame_header(fragmented)[0]
+    inside = fragmented + (first_frame + 31 & -32)  # after its first fragment, before its end
+
+    def peeked(limit: int, on: Image) -> tuple[list[bytes], int]:
+        got: list[bytes] = []
+        reached = on.peek(start, lambda data, header: got.append(bytes(data)), limit)
+        return got, reached
+
+    for round_ in range(3):
+        fresh = Image.detached(image.log_path, start)
+        try:
+            assert peeked(inside, image) == peeked(inside, fresh) == ([sent[0]], fragmented)
+            assert image.available_position() == fresh.available_position() > inside
+            assert peeked(image.available_position(), image) == \
+                peeked(fresh.available_position(), fresh) == (sent, fresh.available_position())
+        finally:
+            fresh.close()
+        offer_until(publication, bytes([round_]) * 40)
+        sent.append(bytes([round_]) * 40)
 
 
 @pytest.mark.parametrize("kind", ["list", "array", "int32 numpy", "int64 numpy"])

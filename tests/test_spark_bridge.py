@@ -161,8 +161,8 @@ class Collector:
         return [bytes(row.value) for row in self.rows()]
 
 
-def read_query(spark, directory: Path, stream_id: int, collector: Collector, checkpoint: str,
-               **options: str):
+def read_query(spark, directory: Path, stream_id: int | str, collector: Collector,
+               checkpoint: str, **options: str):
     reader = (spark.readStream.format("slipstream").option("directory", str(directory))
               .option("streamId", str(stream_id)))
     for key, value in options.items():
@@ -546,6 +546,43 @@ def test_a_stream_starts_at_kafkas_json_offsets(spark, checkpoint: str) -> None:
             query.stop()
             holding.close()
     assert collector.values() == sent[20:]
+
+
+def test_a_query_over_ranges_of_streams_reads_every_row_of_each_once(
+        spark, checkpoint: str) -> None:
+    """streamId=4195-4198,4200,4300-4301: seven streams named by ranges and an id, one
+    subscription each; every message of every one is read once, with its stream id, over
+    three batches (each round is read before the next is published), and nothing of 4199,
+    a stream between the ranges on the same channel.  (A batch has a task per busy session:
+    a hundred streams make Spark run a hundred tasks a batch, too slow for a test on 2
+    cores; bench.spark_planning plans batches of 100 and 300.)"""
+    named = [*range(4195, 4199), 4200, 4300, 4301]
+    with running_driver("64k") as (directory, client):
+        publications = {stream_id: client.add_publication("aeron:ipc", stream_id)
+                        for stream_id in named}
+        between = client.add_publication("aeron:ipc", 4199)
+        holding = client.add_subscription("aeron:ipc", 4199)  # never polled: takes its offers
+        collector = Collector()
+        query = read_query(spark, directory, "4195-4198,4200,4300-4301", collector,
+                           checkpoint, startingOffsets="earliest")
+        expected = []
+        try:
+            for publication in [*publications.values(), between]:
+                wait_connected(publication)
+            for round_ in range(3):
+                for stream_id, publication in publications.items():
+                    message = f"{stream_id}/{round_}".encode()
+                    offer(publication, message)
+                    expected.append((stream_id, message))
+                offer(between, f"4199/{round_}".encode())
+                collector.wait_for(len(expected))
+            reading = [batch for batch, rows in collector.batches.items() if rows]
+        finally:
+            query.stop()
+            holding.close()
+    assert len(reading) >= 3
+    assert sorted((row.stream_id, bytes(row.value)) for row in collector.rows()) == \
+        sorted(expected)
 
 
 def test_the_querys_progress_shows_its_lag_behind_latest_falling_to_zero(

@@ -4,6 +4,7 @@ Trigger.AvailableNow, called as Spark calls them, on a real driver's streams."""
 from __future__ import annotations
 
 import itertools
+import re
 import shutil
 import socket
 import time
@@ -19,7 +20,13 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, Rea
 from slipstream.client import Client
 from slipstream.client.counters import CounterType
 from slipstream.daemon.driver import MediaDriver
-from slipstream.spark_bridge.options import parse_options
+from slipstream.spark_bridge.options import (
+    MAX_READER_STREAMS,
+    OptionError,
+    describe_stream_ids,
+    parse_options,
+    parse_stream_ids,
+)
 from slipstream.spark_bridge.reader import (
     SlipstreamDataLossError,
     SlipstreamStreamReader,
@@ -304,6 +311,88 @@ def test_one_query_reads_several_streams_each_session_keyed_by_its_stream(
     options = parse_options({"streamId": f"{STREAM},{STREAM + 1}", "channel": channel})
     with pytest.raises(Exception, match="'streamId': a writer publishes to one stream"):
         options.check_direction("write")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("text", "stream_ids"), [
+    ("1000-1099", tuple(range(1000, 1100))),
+    ("1,5-9", (1, 5, 6, 7, 8, 9)),
+    (" 12 , 3 - 4 ,7", (12, 3, 4, 7)),
+    ("-10--8,-1-1", (-10, -9, -8, -1, 0, 1)),
+    ("2147483646-2147483647", (2147483646, 2147483647)),
+    ("-5", (-5,)),
+    ("8-8", (8,)),
+])
+def test_stream_ids_are_read_from_lists_and_inclusive_ranges_in_the_order_named(
+        text: str, stream_ids: tuple[int, ...]) -> None:
+    assert parse_stream_ids(text) == stream_ids
+    options = parse_options({"streamid": text})
+    assert options.stream_ids == stream_ids and options.stream_id == stream_ids[0]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("text", "said"), [
+    ("10-", "'10-' is not a stream id or a range of them"),
+    ("a-b", "'a-b' is not a stream id"),
+    ("1-2-3", "'1-2-3' is not a stream id"),
+    ("1..5", "'1..5' is not a stream id"),
+    ("1,,2", "'1,,2' has an empty part"),
+    ("", "'' has an empty part"),
+    ("1099-1000", "'1099-1000': the range's first stream id 1099 is after its last, 1000"),
+    ("1,5-2147483648", "'5-2147483648': 2147483648 is out of range"),
+    ("-2147483649-0", "'-2147483649-0': -2147483649 is out of range"),
+    ("1-5,3", "3 is named twice (by '1-5' and '3')"),
+    ("1-5,4-9", "4 is named twice (by '1-5' and '4-9')"),
+    (f"0-{MAX_READER_STREAMS}", f"'0-{MAX_READER_STREAMS}': names {MAX_READER_STREAMS + 1} "
+                                f"streams, which makes {MAX_READER_STREAMS + 1} in all, over "
+                                f"MAX_READER_STREAMS, the {MAX_READER_STREAMS} one reader"),
+    (f"1-{MAX_READER_STREAMS - 1},-3--2", f"'-3--2': names 2 streams, which makes "
+                                          f"{MAX_READER_STREAMS + 1} in all, over "
+                                          f"MAX_READER_STREAMS"),
+    ("0-4294967295", "'0-4294967295': 4294967295 is out of range"),
+])
+def test_a_bad_stream_list_or_range_is_refused_naming_the_option_and_the_part(
+        text: str, said: str) -> None:
+    with pytest.raises(OptionError, match=f"option 'streamId': {re.escape(said)}"):
+        parse_options({"streamId": text})
+
+
+@pytest.mark.unit
+def test_as_many_streams_as_the_bound_are_read_and_one_more_is_refused() -> None:
+    assert len(parse_stream_ids(f"1-{MAX_READER_STREAMS}")) == MAX_READER_STREAMS
+    assert len(parse_stream_ids(f"1-{MAX_READER_STREAMS - 1},-7")) == MAX_READER_STREAMS
+    with pytest.raises(OptionError, match="MAX_READER_STREAMS"):
+        parse_stream_ids(f"1-{MAX_READER_STREAMS - 1},-7,-9")
+
+
+@pytest.mark.unit
+@given(st.lists(st.integers(-30, 30) | st.integers(-2**31, 2**31 - 1), min_size=1,
+                max_size=40, unique=True))
+def test_a_list_written_back_compactly_names_the_same_streams_in_the_same_order(
+        stream_ids: list[int]) -> None:
+    described = describe_stream_ids(stream_ids)
+    assert parse_stream_ids(described) == tuple(stream_ids)
+    assert len(described.split(",")) <= len(stream_ids)
+
+
+@pytest.mark.unit
+@given(st.integers(-2**31, 2**31 - 200), st.integers(0, 150), st.integers(0, 5))
+def test_a_range_names_every_id_from_its_first_to_its_last(first: int, span: int,
+                                                           gap: int) -> None:
+    """FIRST-LAST, and a list of it with ids either side, name exactly those ids."""
+    last = first + span
+    assert parse_stream_ids(f"{first}-{last}") == tuple(range(first, last + 1))
+    after = last + 1 + gap
+    assert parse_stream_ids(f"{first}-{last},{after}") == (*range(first, last + 1), after)
+    assert describe_stream_ids(range(first, last + 1)) == \
+        (str(first) if span == 0 else f"{first},{last}" if span == 1 else f"{first}-{last}")
+
+
+@pytest.mark.unit
+def test_a_writer_refuses_a_range_of_streams_but_takes_a_range_of_one() -> None:
+    with pytest.raises(OptionError, match="'streamId': a writer publishes to one stream"):
+        parse_options({"streamId": "10-12"}).check_direction("write")
+    parse_options({"streamId": "10-10"}).check_direction("write")
 
 
 def test_offsets_name_their_log_and_a_checkpoint_of_another_log_is_refused(
