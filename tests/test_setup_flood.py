@@ -26,7 +26,7 @@ from helpers import counters_of, free_port, wait_for
 from slipstream.client import ChannelError, ChannelRejectedError, ChannelWarning, Client, control
 from slipstream.client.channel import parse_channel
 from slipstream.client.counters import CountersFile, parse_position_label
-from slipstream.client.frames import Setup, decode
+from slipstream.client.frames import Setup, decode, heartbeat
 from slipstream.client.layout import (
     META_DEFAULT_FRAME_HEADER,
     PARTITION_COUNT,
@@ -71,8 +71,9 @@ def refusals_logged(driver: MediaDriver, words: str) -> list[str]:
 def test_a_term_longer_than_the_subscription_allows_makes_no_image_and_is_logged_once(
         launch) -> None:
     """The default allows 16 MiB: 200 SETUPs of 128 MiB terms from one source make no log,
-    count 200 refusals by cause, get one ERR frame back and leave one line in the error log
-    (its next, after the interval, says how many were held back)."""
+    count 200 refusals by cause, get an ERR frame back each (each refused stream's sender
+    hears why: its session, the setting) and leave one line in the error log (its next,
+    after the interval, says how many were held back)."""
     driver = launch(**SLOW_LIVENESS)
     port = free_port()
     with Client.connect(driver.directory) as client, \
@@ -88,7 +89,9 @@ def test_a_term_longer_than_the_subscription_allows_makes_no_image_and_is_logged
         with contextlib.suppress(TimeoutError):
             while True:
                 answers.append(sender.recv(2048))
-        assert [decode(a).__class__.__name__ for a in answers] == ["ErrorFrame"]
+        errors = [decode(a) for a in answers]
+        assert sorted(e.session_id for e in errors) == list(range(1, 201))
+        assert all("image_term_buffer_length_max" in e.message for e in errors)
         assert image_logs(driver) == []
         counters = counters_of(driver)
         assert counters["IMAGES_REJECTED"] == 0  # counted by its cause alone
@@ -137,6 +140,36 @@ def test_one_source_host_has_at_most_image_source_max_images(launch) -> None:
         assert counters_of(driver)["IMAGE_SOURCE_IMAGES_REFUSED"] == 7
         lines = refusals_logged(driver, "image_source_max_images")
         assert lines == [], "a bound's refusal is a warning, not an error"
+
+
+def test_images_data_came_to_leave_image_source_max_images_to_those_it_did_not(
+        launch) -> None:
+    """A bound of 5: SETUPs of 6 sessions from one host make 5 images, the 6th refused.  Once
+    a heartbeat of each of the 5 came from that host (a sender, not SETUPs alone), 6 more
+    sessions' SETUPs make 5 images again, the 6th refused: the bound counts the images no
+    data came to, and holds for those."""
+    driver = launch(image_source_max_images=5, **SLOW_LIVENESS)
+    port = free_port()
+    with Client.connect(driver.directory) as client, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+        subscription = client.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", STREAM)
+        sender.bind(("127.0.0.1", 0))
+        refused = lambda: counters_of(driver)["IMAGE_SOURCE_IMAGES_REFUSED"]  # noqa: E731
+        for rounds, first in enumerate((1, 11), 1):
+            for session_id in range(first, first + 6):
+                sender.sendto(setup_frame(session_id, 64 * KIB), ("127.0.0.1", port))
+                time.sleep(0.01)
+            wait_for(lambda: len(subscription.images) == 5 * rounds, what="5 more images")
+            wait_for(lambda: refused() == rounds, what="the 6th refused")
+            for image in subscription.images:
+                if image.session_id >= first:
+                    sender.sendto(heartbeat(image.session_id, STREAM, 7, 0),
+                                  ("127.0.0.1", port))
+            wait_for(lambda: counters_of(driver)["HEARTBEATS_RECEIVED"] == 5 * rounds,
+                     what="a heartbeat to each image")
+        assert sorted(image.session_id for image in subscription.images) == [
+            *range(1, 6), *range(11, 16)]
+        assert refused() == 2
 
 
 def test_one_source_hosts_images_take_at_most_image_source_memory_limit(launch) -> None:

@@ -149,6 +149,10 @@ class ReceiveSide:
         #: Each source host's images (being made, live and lingering), their logs' bytes and
         #: how many of those logs are being made.
         self._source_use: dict[str, list[int]] = {}
+        #: Each source host's made images that no data or heartbeat has come to yet, by
+        #: registration id: with its logs being made, what image_source_max_images bounds (a
+        #: host whose streams carry data has shown it is a sender; its memory still counts).
+        self._unheard: dict[str, dict[int, _ImageEntry]] = {}
         #: Refused images are logged once per source host per interval.
         self._refusal_notices = SourceNotices()
 
@@ -489,17 +493,22 @@ class ReceiveSide:
             return (SystemCounter.IMAGE_PENDING_REFUSED,
                     f"{len(self._pending)} image logs are being made, image_pending_max "
                     f"({settings.image_pending_max})")
-        images, used, pending = self._source_use.get(host, (0, 0, 0))
+        _, used, pending = self._source_use.get(host, (0, 0, 0))
         # One address may hold half of the logs being made: a flood from one host leaves
         # room for the others' SETUPs.
         if pending >= max(1, settings.image_pending_max // 2):
             return (SystemCounter.IMAGE_PENDING_REFUSED,
                     f"{host} has {pending} image logs being made, half of image_pending_max "
                     f"({settings.image_pending_max})")
-        if images >= settings.image_source_max_images:
+        limit = settings.image_source_max_images
+        unheard = self._unheard.get(host)
+        if unheard is not None and pending + len(unheard) >= limit:
+            self._forget_heard(host, unheard)
+        unproven = pending + len(unheard or ())
+        if unproven >= limit:
             return (SystemCounter.IMAGE_SOURCE_IMAGES_REFUSED,
-                    f"{host} has {images} images here, image_source_max_images "
-                    f"({settings.image_source_max_images})")
+                    f"{host} has {unproven} images here that no data came to yet, "
+                    f"image_source_max_images ({limit})")
         if used + length > settings.image_source_memory_limit:
             return (SystemCounter.IMAGE_SOURCE_MEMORY_REFUSED,
                     f"its log of {length / 2**20:g} MiB would take the logs of {host}'s "
@@ -507,6 +516,15 @@ class ReceiveSide:
                     f"image_source_memory_limit ({settings.image_source_memory_limit / 2**20:g}"
                     f" MiB)")
         return None
+
+    def _forget_heard(self, host: str, unheard: dict[int, _ImageEntry]) -> None:
+        """Take the images of ``host`` that data came to since out of ``unheard`` (its
+        entry in ``_unheard``): at most image_source_max_images reads, on a SETUP that
+        finds the bound reached."""
+        for registration_id in [r for r, e in unheard.items() if e.image.has_been_heard]:
+            del unheard[registration_id]
+        if not unheard:
+            del self._unheard[host]
 
     def _charge(self, host: str, images: int, length: int, *, pending: int = 0) -> None:
         """Count (or with negative values, uncount) images, log bytes and logs being made
@@ -617,6 +635,7 @@ class ReceiveSide:
         image = event.channel.new_image(event, log_buffer, positions, now_ns, loss_entry)
         image_entry = _ImageEntry(registration_id, image, log_buffer, counter_ids, event.source)
         entry.images[id(image)] = image_entry
+        self._unheard.setdefault(pending.host, {})[registration_id] = image_entry
         join = image.join_position
         out = []
         for subscription in entry.subscriptions:
@@ -700,6 +719,12 @@ class ReceiveSide:
             self._free_image(image_entry)
 
     def _free_image(self, image_entry: _ImageEntry) -> None:
+        host = image_entry.source[0]
+        unheard = self._unheard.get(host)
+        if unheard is not None:
+            unheard.pop(image_entry.registration_id, None)
+            if not unheard:
+                del self._unheard[host]
         for link in image_entry.links:
             self.counters.free(link.counter_id)
         image_entry.links.clear()
