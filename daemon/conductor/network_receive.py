@@ -511,10 +511,10 @@ class ReceiveSide:
                     f"image_source_max_images ({limit})")
         if used + length > settings.image_source_memory_limit:
             return (SystemCounter.IMAGE_SOURCE_MEMORY_REFUSED,
-                    f"its log of {length / 2**20:g} MiB would take the logs of {host}'s "
-                    f"images to {(used + length) / 2**20:g} MiB, past "
-                    f"image_source_memory_limit ({settings.image_source_memory_limit / 2**20:g}"
-                    f" MiB)")
+                    f"image_source_memory_limit "
+                    f"({settings.image_source_memory_limit / 2**20:g} MiB) reached: the logs "
+                    f"of {host}'s images would take {(used + length) / 2**20:g} MiB with "
+                    f"this one of {length / 2**20:g} MiB")
         return None
 
     def _forget_heard(self, host: str, unheard: dict[int, _ImageEntry]) -> None:

@@ -57,7 +57,6 @@ from slipstream.client.frames import (
     decode,
 )
 from slipstream.client.layout import (
-    ERR_MAX_TEXT_LENGTH,
     FRAME_ALIGNMENT,
     FRAME_HEADER_LENGTH,
     HDR_TYPE_DATA,
@@ -125,6 +124,10 @@ ERROR_CODE_IMAGE_REJECTED = 13
 #: cool-down: a legitimate peer's refused streams are each told, a flood's new sessions
 #: draw at most this many ERRs a cool-down.
 ERR_STREAMS_MAX = 1024
+#: The most bytes of text an ERR answering a SETUP carries: the frame is then at most 3x the
+#: SETUP on the wire (IPv4: 196 bytes for 68), so an address a SETUP is spoofed from gets no
+#: more than that (docs/SECURITY.md).  Each bound's reason fits, its setting named.
+ERR_ANSWER_TEXT_MAX = 128
 #: A session refused again within two cool-downs of the end of its last one cools down
 #: twice as long as before, up to this many cool-downs: a stream the bounds keep refusing
 #: (its sender asks again, or its data elicits a SETUP) costs the receiver a refusal every
@@ -430,7 +433,7 @@ class ReceiveChannel:
         # Counted by whoever refused, under its cause (DROP_CAUSES: one cause each).
         if self._err_notices.tell((request.source[0], *key), now_ns) is not None:
             # The text is bytes on the wire: cut it there, at a character boundary.
-            text = reason.encode()[:ERR_MAX_TEXT_LENGTH].decode(errors="ignore")
+            text = reason.encode()[:ERR_ANSWER_TEXT_MAX].decode(errors="ignore")
             error = ErrorFrame(key[0], key[1], self.receiver_id, code, text)
             self._outbox.append(Datagram(error.encode(),
                                          self._path_control(request.via, request.source),
