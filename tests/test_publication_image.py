@@ -759,3 +759,32 @@ def test_a_path_seeded_by_its_setup_has_its_destinations_socket(shm: Path) -> No
         rc.arrival_destination = -1
         assert connections[0].fd == sock.fileno()
         assert connections[0].address_length > 0
+
+
+def test_a_session_refused_again_cools_down_twice_as_long_up_to_8_cool_downs(
+        shm: Path) -> None:
+    """Each refusal of a session that comes within two cool-downs of the end of its last
+    doubles its cool-down (1, 2, 4, 8, 8 s: a SETUP sooner asks for nothing), each answered
+    with an ERR; a session refused after a longer quiet starts again at 1 s."""
+    rc, _ = receive_channel(shm)
+    second = 1_000_000_000
+    now = 0
+
+    def refused_at(t: int) -> int:
+        """Send the SETUP at ``t``, refuse the request it makes; its ERR's session."""
+        rc.on_datagram(setup(), SRC, t)
+        [request] = rc.poll_events()
+        rc.reject_image(request, t, "image_pending_max (1) reached")
+        [err] = [decode(d.data) for d in rc.datagrams_to_send(t)]
+        assert isinstance(err, ErrorFrame)
+        return err.session_id
+
+    for cool_down in (1, 2, 4, 8, 8):
+        assert refused_at(now) == 1
+        rc.on_datagram(setup(), SRC, now + cool_down * second - 1)
+        assert rc.poll_events() == [], f"asked within a cool-down of {cool_down} s"
+        now += cool_down * second
+    now += 3 * 8 * second  # quiet past two cool-downs after the last one's end
+    assert refused_at(now) == 1
+    rc.on_datagram(setup(), SRC, now + second)
+    assert len(rc.poll_events()) == 1, "cools down 1 s again"
