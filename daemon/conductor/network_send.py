@@ -113,6 +113,7 @@ log = logging.getLogger("slipstream.driver")
 #: refuses, a forger as often as it likes.
 REFUSAL_NOTICE_INTERVAL_NS = 1_000_000_000
 
+
 class SendSide:
     """The network publications and their send endpoints (see the module's docstring)."""
 
