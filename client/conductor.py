@@ -366,6 +366,11 @@ class ClientConductor:
         if publication is not None:
             publication._on_episode(message)
 
+    def on_publication_refused(self, message: dict[str, Any]) -> None:
+        publication = self._publications.get(message.get("registration_id", 0))
+        if publication is not None:
+            publication._on_refused(message)
+
     def on_client_timeout(self) -> None:
         self._lose_driver("it timed this client out: no keepalive within "
                           "client_liveness_timeout", still_running=True)

@@ -17,9 +17,10 @@ publication's command is its own type, as in Aeron, so that a driver that does n
 refuses it by name rather than hand out a shared log to a writer that claims without atomics.
 Answers and events (driver → client): CONNECTED, PUBLICATION_READY, SUBSCRIPTION_READY,
 COUNTER_READY, OPERATION_SUCCESS, ERROR, AVAILABLE_IMAGE, UNAVAILABLE_IMAGE, CLIENT_TIMEOUT,
-DRIVER_SHUTDOWN, BACK_PRESSURE_EPISODE.  PUBLICATION_READY and SUBSCRIPTION_READY carry
-``images_following``: the AVAILABLE_IMAGE events queued right behind them for the same client
-(of the IPC stream just joined), which the client reads before the call returns.
+DRIVER_SHUTDOWN, BACK_PRESSURE_EPISODE, PUBLICATION_REFUSED.  PUBLICATION_READY and
+SUBSCRIPTION_READY carry ``images_following``: the AVAILABLE_IMAGE events queued right behind
+them for the same client (of the IPC stream just joined), which the client reads before the
+call returns.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ UNAVAILABLE_IMAGE = "UNAVAILABLE_IMAGE"
 CLIENT_TIMEOUT = "CLIENT_TIMEOUT"
 DRIVER_SHUTDOWN = "DRIVER_SHUTDOWN"
 BACK_PRESSURE_EPISODE = "BACK_PRESSURE_EPISODE"
+PUBLICATION_REFUSED = "PUBLICATION_REFUSED"
 
 # Error codes carried by ERROR (with ``code`` and ``message``).  An ERR_INVALID_CHANNEL from a
 # check of the driver's also names the channel's ``uri``, the ``part`` and the ``problem``.

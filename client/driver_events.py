@@ -2,11 +2,12 @@
 client conductor (Aeron's ``DriverEventsAdapter`` and ``DriverEventsListener``).
 
 The driver answers commands (CONNECTED, PUBLICATION_READY, ..., ERROR, by correlation id) and
-tells of events (images available and unavailable, back-pressure episodes, this client timed
-out, the driver shutting down) on the client's control socket.  The adapter decodes them and
-calls the listener, :class:`~slipstream.client.conductor.ClientConductor`, under the client's
-lock; an event the listener fails to apply is logged, never raised: the thread that reads
-them carries every later event too.
+tells of events (images available and unavailable, back-pressure episodes, a receiver's
+refusal of a publication's image, this client timed out, the driver shutting down) on the
+client's control socket.  The adapter decodes them and calls the listener,
+:class:`~slipstream.client.conductor.ClientConductor`, under the client's lock; an event the
+listener fails to apply is logged, never raised: the thread that reads them carries every
+later event too.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class DriverEventsListener(Protocol):
     def on_available_image(self, message: dict[str, Any]) -> None: ...
     def on_unavailable_image(self, message: dict[str, Any]) -> None: ...
     def on_back_pressure_episode(self, message: dict[str, Any]) -> None: ...
+    def on_publication_refused(self, message: dict[str, Any]) -> None: ...
 
     def on_client_timeout(self) -> None:
         """The driver timed this client out."""
@@ -84,6 +86,8 @@ class DriverEventsAdapter:
                     log.exception("could not apply %s", kind)
             elif kind == control.BACK_PRESSURE_EPISODE:
                 listener.on_back_pressure_episode(message)
+            elif kind == control.PUBLICATION_REFUSED:
+                listener.on_publication_refused(message)
             elif kind == control.CLIENT_TIMEOUT:
                 listener.on_client_timeout()
             elif kind == control.DRIVER_SHUTDOWN:

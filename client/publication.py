@@ -29,6 +29,8 @@ from array import array
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+import attrs
+
 from slipstream.client import _fastpath, control
 from slipstream.client._native import ffi, lib
 from slipstream.client.channel import PolicySpec, parse_channel
@@ -61,6 +63,22 @@ from slipstream.client.policy import (
 
 _fastpath.set_errors(MessageTooLongError, InvalidArgumentError)
 log = logging.getLogger("slipstream.client")
+
+
+@attrs.frozen
+class PublicationRefusal:
+    """A receiver refused a network publication's image (its driver answered a SETUP with an
+    ERR frame), as the publishing driver tells the publication's clients
+    (PUBLICATION_REFUSED; :attr:`Publication.last_refusal`): ``receiver`` the address the
+    ERR came from (``host:port``), ``reason`` its text (what that host sent, escaped and cut
+    to 200 characters: it names the bound or setting that refused), ``at_ns`` when the
+    driver heard it (CLOCK_MONOTONIC ns, as ``time.monotonic_ns()``), ``refusals`` how many
+    ERRs the publication has had.  The driver tells at most one a second per publication."""
+
+    receiver: str
+    reason: str
+    at_ns: int
+    refusals: int
 
 
 
@@ -326,6 +344,9 @@ class Publication(ClosedOnExit):
         #: (``Client.add_publication(on_back_pressure=...)``); the last one is kept.
         self.on_back_pressure: Callable[[BackPressureEpisode], object] | None = None
         self.last_episode: BackPressureEpisode | None = None
+        #: The last refusal of the stream's image by a receiver that the driver told of
+        #: (None: none): why a network publication does not connect.
+        self.last_refusal: PublicationRefusal | None = None
 
     # -- publishing ----------------------------------------------------------------------------
     def offer_batch(self, data: Buffer, lengths: Sequence[int] | Buffer,
@@ -598,6 +619,13 @@ class Publication(ClosedOnExit):
             callback(episode)
         except Exception:
             log.exception("the back-pressure callback %r raised on %r", callback, self)
+
+    def _on_refused(self, message: dict) -> None:
+        """The driver's PUBLICATION_REFUSED (client conductor thread): kept as
+        :attr:`last_refusal`."""
+        self.last_refusal = PublicationRefusal(
+            str(message["receiver"]), str(message["reason"]), int(message["at_ns"]),
+            int(message["refusals"]))
 
     @property
     def dropped(self) -> int:

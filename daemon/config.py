@@ -270,12 +270,12 @@ class DriverSettings:
     )
     image_source_max_images: int = integer(
         256,
-        "The most images one source address (an IP, any port) may have on this driver at "
-        "once, those whose logs are being made included: a SETUP past it makes no image "
-        "(counted as image source images refused). A host rarely sends one receiving host "
-        "more than a few dozen streams (streams over loopback all come from one source, "
-        "127.0.0.1); this bounds what one unauthenticated host makes this driver hold "
-        "(slipstream).",
+        "The most images one source address (an IP, any port) may have on this driver that "
+        "no data or heartbeat has come to yet, those whose logs are being made included: a "
+        "SETUP past it makes no image (counted as image source images refused; its sender "
+        "is told by an ERR frame). An image its sender's data reached no longer counts here, "
+        "only against image_source_memory_limit, so one peer connects thousands of streams "
+        "while a host that sends SETUPs alone holds at most this many (slipstream).",
         low=1, high=1 << 20,
     )
     image_source_memory_limit: int = size(
@@ -291,9 +291,10 @@ class DriverSettings:
         16,
         "The most images whose logs are queued or being made at once (off the conductor's "
         "thread, by one worker), and one source address half of them: a SETUP past either "
-        "makes no image (counted as image pending refused; its sender asks again within a "
-        "second), so SETUPs from spoofed addresses cannot queue unbounded work, nor one host "
-        "take all the room. A log of default terms is made in tens of ms (slipstream).",
+        "makes no image (counted as image pending refused; its sender is told by an ERR "
+        "frame and asks again after the session's cool-down, 1 s), so SETUPs from spoofed "
+        "addresses cannot queue unbounded work, nor one host take all the room. A log of "
+        "default terms is made in tens of ms (slipstream).",
         low=1, high=65536,
     )
     rcv_initial_window_length: int = size(

@@ -30,7 +30,6 @@ from slipstream.client.frames import (
     decode,
     decode_datagram,
 )
-from slipstream.client.layout import ERR_MAX_TEXT_LENGTH
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.media.events import (
@@ -39,7 +38,11 @@ from slipstream.daemon.media.events import (
     ImageRequested,
     ImageUnavailable,
 )
-from slipstream.daemon.media.receive_channel import RESPONSE_REQUEST_ROUNDS, ReceiveChannel
+from slipstream.daemon.media.receive_channel import (
+    ERR_ANSWER_TEXT_MAX,
+    RESPONSE_REQUEST_ROUNDS,
+    ReceiveChannel,
+)
 from slipstream.daemon.protocol.loss_detector import (
     OptimalMulticastDelayGenerator,
     StaticDelayGenerator,
@@ -536,16 +539,23 @@ def test_a_sender_whose_datagrams_the_window_cannot_hold_is_refused_as_aeron_doe
     assert counters[SystemCounter.IMAGES_REJECTED] == 1
 
 
-def test_a_long_rejection_reason_in_any_script_is_cut_to_the_err_text_limit(shm: Path) -> None:
+def test_a_long_rejection_reason_in_any_script_is_cut_to_at_most_3x_the_setup(
+        shm: Path) -> None:
+    """The ERR answering a SETUP carries at most ERR_ANSWER_TEXT_MAX bytes of its reason, cut
+    at a character boundary: at most 3x the SETUP on the wire (an address a SETUP is spoofed
+    from gets no more)."""
     rc, _ = receive_channel(shm)
     rc.on_datagram(setup(), SRC, 0)
     [request] = rc.poll_events()
-    reason = "no room for the log: " + "é" * 1100  # 2 bytes each: well past 1023 bytes
+    reason = "no room for the log: " + "é" * 1100  # 2 bytes each: well past the limit
     rc.reject_image(request, 0, reason)
-    [err] = [decode(d.data) for d in rc.datagrams_to_send(0)]
+    [datagram] = rc.datagrams_to_send(0)
+    err = decode(datagram.data)
     assert isinstance(err, ErrorFrame)
-    assert len(err.message.encode()) <= ERR_MAX_TEXT_LENGTH and reason.startswith(err.message)
-    assert len(err.message.encode()) >= ERR_MAX_TEXT_LENGTH - 1
+    assert len(err.message.encode()) <= ERR_ANSWER_TEXT_MAX and reason.startswith(err.message)
+    assert len(err.message.encode()) >= ERR_ANSWER_TEXT_MAX - 1
+    udp_ip = 28
+    assert len(datagram.data) + udp_ip <= 3 * (len(setup()) + udp_ip)
 
 
 @settings(max_examples=300, deadline=None,
@@ -749,3 +759,32 @@ def test_a_path_seeded_by_its_setup_has_its_destinations_socket(shm: Path) -> No
         rc.arrival_destination = -1
         assert connections[0].fd == sock.fileno()
         assert connections[0].address_length > 0
+
+
+def test_a_session_refused_again_cools_down_twice_as_long_up_to_8_cool_downs(
+        shm: Path) -> None:
+    """Each refusal of a session that comes within two cool-downs of the end of its last
+    doubles its cool-down (1, 2, 4, 8, 8 s: a SETUP sooner asks for nothing), each answered
+    with an ERR; a session refused after a longer quiet starts again at 1 s."""
+    rc, _ = receive_channel(shm)
+    second = 1_000_000_000
+    now = 0
+
+    def refused_at(t: int) -> int:
+        """Send the SETUP at ``t``, refuse the request it makes; its ERR's session."""
+        rc.on_datagram(setup(), SRC, t)
+        [request] = rc.poll_events()
+        rc.reject_image(request, t, "image_pending_max (1) reached")
+        [err] = [decode(d.data) for d in rc.datagrams_to_send(t)]
+        assert isinstance(err, ErrorFrame)
+        return err.session_id
+
+    for cool_down in (1, 2, 4, 8, 8):
+        assert refused_at(now) == 1
+        rc.on_datagram(setup(), SRC, now + cool_down * second - 1)
+        assert rc.poll_events() == [], f"asked within a cool-down of {cool_down} s"
+        now += cool_down * second
+    now += 3 * 8 * second  # quiet past two cool-downs after the last one's end
+    assert refused_at(now) == 1
+    rc.on_datagram(setup(), SRC, now + second)
+    assert len(rc.poll_events()) == 1, "cools down 1 s again"

@@ -14,10 +14,12 @@ port of a real subscription.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import socket
 import struct
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,13 +28,17 @@ from helpers import counters_of, free_port, wait_for
 from slipstream.client import ChannelError, ChannelRejectedError, ChannelWarning, Client, control
 from slipstream.client.channel import parse_channel
 from slipstream.client.counters import CountersFile, parse_position_label
-from slipstream.client.frames import Setup, decode
+from slipstream.client.frames import ErrorFrame, Setup, StatusMessage, decode, heartbeat
 from slipstream.client.layout import (
     META_DEFAULT_FRAME_HEADER,
     PARTITION_COUNT,
     SESSION_ID_FIELD,
+    SM_SEND_SETUP_FLAG,
 )
 from slipstream.client.logbuffer import compute_log_length, term_length_of_file
+from slipstream.client.publication import ExclusivePublication
+from slipstream.client.subscription import Subscription
+from slipstream.daemon.conductor.network_receive import HEARD_CHECK_INTERVAL_NS
 from slipstream.daemon.driver import MediaDriver
 from slipstream.daemon.reports.error_log import read_error_log
 
@@ -71,8 +77,9 @@ def refusals_logged(driver: MediaDriver, words: str) -> list[str]:
 def test_a_term_longer_than_the_subscription_allows_makes_no_image_and_is_logged_once(
         launch) -> None:
     """The default allows 16 MiB: 200 SETUPs of 128 MiB terms from one source make no log,
-    count 200 refusals by cause, get one ERR frame back and leave one line in the error log
-    (its next, after the interval, says how many were held back)."""
+    count 200 refusals by cause, get an ERR frame back each (each refused stream's sender
+    hears why: its session, the setting) and leave one line in the error log (its next,
+    after the interval, says how many were held back)."""
     driver = launch(**SLOW_LIVENESS)
     port = free_port()
     with Client.connect(driver.directory) as client, \
@@ -88,7 +95,9 @@ def test_a_term_longer_than_the_subscription_allows_makes_no_image_and_is_logged
         with contextlib.suppress(TimeoutError):
             while True:
                 answers.append(sender.recv(2048))
-        assert [decode(a).__class__.__name__ for a in answers] == ["ErrorFrame"]
+        errors = [decode(a) for a in answers]
+        assert sorted(e.session_id for e in errors) == list(range(1, 201))
+        assert all("image_term_buffer_length_max" in e.message for e in errors)
         assert image_logs(driver) == []
         counters = counters_of(driver)
         assert counters["IMAGES_REJECTED"] == 0  # counted by its cause alone
@@ -137,6 +146,39 @@ def test_one_source_host_has_at_most_image_source_max_images(launch) -> None:
         assert counters_of(driver)["IMAGE_SOURCE_IMAGES_REFUSED"] == 7
         lines = refusals_logged(driver, "image_source_max_images")
         assert lines == [], "a bound's refusal is a warning, not an error"
+
+
+def test_images_data_came_to_leave_image_source_max_images_to_those_it_did_not(
+        launch) -> None:
+    """A bound of 5: SETUPs of 6 sessions from one host make 5 images, the 6th refused.  Once
+    a heartbeat of each of the 5 came from that host (a sender, not SETUPs alone), 6 more
+    sessions' SETUPs make 5 images again, the 6th refused: the bound counts the images no
+    data came to, and holds for those.  (A source at the bound has its images looked at
+    again at most every HEARD_CHECK_INTERVAL_NS.)"""
+    driver = launch(image_source_max_images=5, **SLOW_LIVENESS)
+    port = free_port()
+    with Client.connect(driver.directory) as client, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+        subscription = client.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", STREAM)
+        sender.bind(("127.0.0.1", 0))
+        refused = lambda: counters_of(driver)["IMAGE_SOURCE_IMAGES_REFUSED"]  # noqa: E731
+        for rounds, first in enumerate((1, 11), 1):
+            for session_id in range(first, first + 6):
+                sender.sendto(setup_frame(session_id, 64 * KIB), ("127.0.0.1", port))
+                time.sleep(0.01)
+            made = 5 * rounds
+            wait_for(lambda n=made: len(subscription.images) == n, what="5 more images")
+            wait_for(lambda n=rounds: refused() == n, what="the 6th refused")
+            for image in subscription.images:
+                if image.session_id >= first:
+                    sender.sendto(heartbeat(image.session_id, STREAM, 7, 0),
+                                  ("127.0.0.1", port))
+            wait_for(lambda n=made: counters_of(driver)["HEARTBEATS_RECEIVED"] == n,
+                     what="a heartbeat to each image")
+            time.sleep(HEARD_CHECK_INTERVAL_NS / 1e9)  # the refusal looked; the next may
+        assert sorted(image.session_id for image in subscription.images) == [
+            *range(1, 6), *range(11, 16)]
+        assert refused() == 2
 
 
 def test_one_source_hosts_images_take_at_most_image_source_memory_limit(launch) -> None:
@@ -461,3 +503,109 @@ def test_an_embedded_driver_makes_one_image_log_per_call(tmp_path: Path) -> None
         print(f"the three longest calls: {[f'{c * 1e3:.0f} ms' for c in slow]}")
         assert max(calls) < 0.6 * sum(slow), "one call made more than one log"
         assert not any(t.name == "ss-image-logs" for t in threading.enumerate())
+
+
+@contextlib.contextmanager
+def peer_streams(launch, count: int, **receiving_settings: object
+                 ) -> Iterator[tuple[Subscription, list[ExclusivePublication], MediaDriver, int]]:
+    """A subscription on a driver with ``receiving_settings`` and ``count`` streams of 64 KiB
+    terms to it from another driver (exclusive publications: a session each), with that
+    driver and the subscription's port."""
+    receiving = launch(**receiving_settings)
+    publishing = launch()
+    port = free_port()
+    channel = f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=64k"
+    with Client.connect(receiving.directory) as subscriber, \
+            Client.connect(publishing.directory) as publisher:
+        subscription = subscriber.add_subscription(channel, STREAM)
+        yield (subscription, [publisher.add_exclusive_publication(channel, STREAM)
+                              for _ in range(count)], publishing, port)
+
+
+def test_one_peer_connects_five_times_image_source_max_images_streams(launch) -> None:
+    """A peer's streams that carry data are no SETUP flood: one publishing driver adds 100
+    streams (exclusive publications, a session each) to a subscription whose driver allows
+    20 images per source that no data came to yet; every one connects and delivers its
+    message once."""
+    streams = 100
+    with peer_streams(launch, streams, image_source_max_images=streams // 5) as (
+            subscription, publications, _, _):
+        wait_for(lambda: len(subscription.images) == streams, timeout=60,
+                 what=f"{streams} images")
+        wait_for(lambda: all(p.is_connected for p in publications), timeout=10,
+                 what="every publication connected")
+        for publication in publications:
+            message = publication.session_id.to_bytes(4, "little", signed=True)
+            wait_for(lambda p=publication, m=message: p.offer(m) > 0, what="an offer taken")
+        received: list[tuple[int, int]] = []
+
+        def on_message(data: memoryview, header) -> None:
+            received.append((header.session_id,
+                             int.from_bytes(data, "little", signed=True)))
+
+        wait_for(lambda: subscription.poll(on_message, 1000) >= 0
+                 and len(received) >= streams, timeout=20, what="every stream's message")
+        assert sorted(received) == sorted((p.session_id, p.session_id) for p in publications)
+
+
+def test_a_refused_streams_publication_hears_why_and_its_driver_logs_it(launch) -> None:
+    """The receiving driver's memory bound for one source takes two 64 KiB-term logs: the
+    third stream of the publishing driver is refused, and its publication says why (the
+    receiver, the setting), as the publishing driver's error log does, once; the two others
+    connect."""
+    log_length = compute_log_length(64 * KIB)
+    with peer_streams(launch, 3, image_source_memory_limit=f"{2 * log_length + 1}") as (
+            subscription, publications, publishing, port):
+        wait_for(lambda: sum(p.is_connected for p in publications) == 2, timeout=10,
+                 what="two publications connected")
+        refused = next(p for p in publications if not p.is_connected)
+        wait_for(lambda: refused.last_refusal is not None, what="the refusal told")
+        refusal = refused.last_refusal
+        assert refusal is not None and refusal.receiver == f"127.0.0.1:{port}"
+        assert "image_source_memory_limit" in refusal.reason
+        assert refusal.refusals >= 1
+        assert all(p.last_refusal is None for p in publications if p is not refused)
+        lines = refusals_logged(publishing, "image_source_memory_limit")
+        assert len(lines) == 1 and f"stream {STREAM}" in lines[0], lines
+        assert len(subscription.images) == 2
+
+
+def test_a_refused_publication_backs_its_setups_off_until_a_receiver_asks(launch) -> None:
+    """A receiver (a plain socket) answers each SETUP with an ERR: the publication's SETUPs,
+    100 ms apart until then, come 1 s, then 2 s apart (3 in 4.5 s, not 45), and the
+    publication says why; a setup-eliciting status message from the receiver gets one at
+    once."""
+    publishing = launch()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver, \
+            Client.connect(publishing.directory) as publisher:
+        receiver.bind(("127.0.0.1", 0))
+        port = receiver.getsockname()[1]
+        publication = publisher.add_publication(f"aeron:udp?endpoint=127.0.0.1:{port}",
+                                                STREAM)
+        receiver.settimeout(0.1)
+        setups: list[float] = []
+        source = None
+        start = time.monotonic()
+        while time.monotonic() - start < 4.5:
+            try:
+                data, source = receiver.recvfrom(2048)
+            except TimeoutError:
+                continue
+            frame = decode(data)
+            if isinstance(frame, Setup):
+                setups.append(time.monotonic())
+                receiver.sendto(ErrorFrame(frame.session_id, STREAM, 77, 12,
+                                           "no room here").encode(), source)
+        gaps = [b - a for a, b in itertools.pairwise(setups)]
+        assert len(setups) == 3, gaps
+        for gap, interval in zip(gaps, (1.0, 2.0), strict=True):
+            assert interval * 0.9 < gap < interval + 0.5, gaps
+        assert publication.last_refusal is not None
+        assert publication.last_refusal.reason == "no room here"
+        assert source is not None
+        asked = time.monotonic()
+        receiver.sendto(StatusMessage(publication.session_id, STREAM, 0, 0, 0, 77,
+                                      SM_SEND_SETUP_FLAG).encode(), source)
+        while not isinstance(decode(receiver.recv(2048)), Setup):
+            pass
+        assert time.monotonic() - asked < 0.5

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import functools
 import logging
 import os
 import random
@@ -68,7 +69,6 @@ from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.media.names import NameCache
 from slipstream.daemon.pressure.episodes import (
     EPISODE_SAMPLE_INTERVAL_NS,
-    EpisodeEvent,
     watermarks_of,
 )
 from slipstream.daemon.pressure.governor import SAMPLE_INTERVAL_NS, PressureGovernor, pressure_of
@@ -668,7 +668,9 @@ class DriverConductor:
             # the limit moves, the depth would dip by what the subscribers read in a cycle
             # though the publishers never stopped pressing.
             for event in publication.sample_episodes(now_ns):
-                out.extend(self._episode_messages(publication.registration_id, event))
+                out.extend(self._to_publishers(
+                    publication.registration_id,
+                    functools.partial(messages.back_pressure_episode, event=event)))
             passed = publication.update_limits(now_ns)
             work += passed
             # Only while publishers write (as Aeron's): a log that drains, or a driver that
@@ -693,9 +695,15 @@ class DriverConductor:
                 network_work, network_out = self.network.do_work(now_ns)
                 work += network_work
                 out.extend(network_out)
+                for publication_id, refusal in self.network.take_refusals():
+                    out.extend(self._to_publishers(
+                        publication_id,
+                        functools.partial(messages.publication_refused, refusal=refusal)))
             if self.network.publications:  # sampling none would still cost a call a cycle
                 for publication_id, event in self.network.sample_episodes(now_ns):
-                    out.extend(self._episode_messages(publication_id, event))
+                    out.extend(self._to_publishers(
+                        publication_id,
+                        functools.partial(messages.back_pressure_episode, event=event)))
             # A calm governor samples on the timer's cycles too (one wake-up for both), but
             # never more often than a watched one: a short window reads a blip as busy.
             if now_ns >= self._next_governor_ns or (
@@ -769,10 +777,12 @@ class DriverConductor:
 
         return publication.check_untethered(relink, now_ns)
 
-    def _episode_messages(self, publication_id: int, event: EpisodeEvent) -> Outgoing:
-        """Tell every client that publishes through ``publication_id`` (once per publisher it
-        added) of an episode's start or end."""
-        return [(client.key, messages.back_pressure_episode(registration_id, event))
+    def _to_publishers(self, publication_id: int,
+                       message: Callable[[int], dict[str, Any]]) -> Outgoing:
+        """``message(registration_id)`` to every client that publishes through
+        ``publication_id``, once per publisher it added (its registration id): an episode's
+        start or end, a receiver's refusal."""
+        return [(client.key, message(registration_id))
                 for client in self.clients.values()
                 for registration_id, target in client.publications.items()
                 if target == publication_id]

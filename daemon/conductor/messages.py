@@ -4,10 +4,13 @@ stream uses (the message types and fields are the client's: :mod:`slipstream.cli
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slipstream.client import control
 from slipstream.daemon.pressure.episodes import EpisodeEvent
+
+if TYPE_CHECKING:
+    from slipstream.client.publication import PublicationRefusal
 
 #: One message to one client: the client's key (its control-socket identity) and the message.
 ClientMessage = tuple[bytes, dict[str, Any]]
@@ -41,6 +44,15 @@ def back_pressure_episode(registration_id: int, event: EpisodeEvent) -> dict[str
     return {"type": control.BACK_PRESSURE_EPISODE, "registration_id": registration_id,
             "started": event.started, "at_ns": event.at_ns, "depth": event.depth,
             "duration_ns": event.duration_ns, "episodes": event.episodes}
+
+
+def publication_refused(registration_id: int, refusal: PublicationRefusal) -> dict[str, Any]:
+    """A receiver refused the image of the publication a client added as
+    ``registration_id`` (:class:`~slipstream.client.publication.PublicationRefusal`):
+    its publishers see why the stream does not connect."""
+    return {"type": control.PUBLICATION_REFUSED, "registration_id": registration_id,
+            "receiver": refusal.receiver, "reason": refusal.reason, "at_ns": refusal.at_ns,
+            "refusals": refusal.refusals}
 
 
 def subscription_ready(correlation_id: int, registration_id: int) -> dict[str, Any]:

@@ -55,6 +55,7 @@ from slipstream.client import control
 from slipstream.client.channel import Channel
 from slipstream.client.counters import CountersFile, SystemCounter
 from slipstream.client.logbuffer import LogBuffer
+from slipstream.client.publication import PublicationRefusal
 from slipstream.daemon.agents.commands import ReceiverProxy, SenderProxy
 from slipstream.daemon.agents.receiver import Receiver
 from slipstream.daemon.agents.sender import Sender
@@ -135,6 +136,9 @@ class NetworkConductor:
         self.name_cache = name_cache if name_cache is not None else NameCache()
         self._wake_conductor = wake_conductor
         self._events: deque[NetworkEvent] = deque()
+        #: Receivers' refusals of publications' images, for their publishers
+        #: (:meth:`take_refusals`).
+        self._refusals: list[tuple[int, PublicationRefusal]] = []
         self.loss_report = LossReport(directory / LOSS_REPORT_FILE,
                                       mode=settings.file_mode(clients_write=False))
         self.sender = Sender(
@@ -360,7 +364,7 @@ class NetworkConductor:
         elif isinstance(event, SpyUnlinked):
             self._spy_subscriptions.on_spy_unlinked(event)
         elif isinstance(event, PublicationRejected):
-            self._send_side.on_publication_rejected(event, now_ns)
+            self._refusals.extend(self._send_side.on_publication_rejected(event, now_ns))
         elif isinstance(event, EndpointRemoved):
             if isinstance(event.channel, SendChannel):
                 self._send_side.on_endpoint_removed(event)
@@ -412,6 +416,13 @@ class NetworkConductor:
         """Each publication's back-pressure episodes that began or ended since the last
         sample (:meth:`SendSide.sample_episodes`)."""
         return self._send_side.sample_episodes(now_ns)
+
+    def take_refusals(self) -> list[tuple[int, PublicationRefusal]]:
+        """The refusals of publications' images by their receivers that :meth:`do_work`
+        handled since the last call, each with its publication's registration id, for its
+        publishers (:meth:`SendSide.on_publication_rejected`)."""
+        refusals, self._refusals = self._refusals, []
+        return refusals
 
     # -- graceful drain (DriverConductor.drain; :class:`NetworkDrain`) ------------------------
     def stop_credit(self) -> None:

@@ -89,6 +89,9 @@ log = logging.getLogger("slipstream.driver")
 #: Receiver ids of this driver's closed endpoints kept (a closing embedded driver's drain looks
 #: them up): the newest this many, so that endpoint churn does not grow the set.
 RECEIVER_IDS_KEPT = 1024
+#: How often the images of a source at image_source_max_images are looked at for those data
+#: came to since (ns): a flood's refusals cost a count, a peer's next SETUP finds the room.
+HEARD_CHECK_INTERVAL_NS = 100_000_000
 
 
 @attrs.define(eq=False)
@@ -149,6 +152,12 @@ class ReceiveSide:
         #: Each source host's images (being made, live and lingering), their logs' bytes and
         #: how many of those logs are being made.
         self._source_use: dict[str, list[int]] = {}
+        #: Each source host's made images that no data or heartbeat has come to yet, by
+        #: registration id: with its logs being made, what image_source_max_images bounds (a
+        #: host whose streams carry data has shown it is a sender; its memory still counts).
+        self._unheard: dict[str, dict[int, _ImageEntry]] = {}
+        #: When each source host in ``_unheard`` may have its images looked at again (ns).
+        self._heard_checks: dict[str, int] = {}
         #: Refused images are logged once per source host per interval.
         self._refusal_notices = SourceNotices()
 
@@ -451,7 +460,7 @@ class ReceiveSide:
             return []
         host = event.source[0]
         length = compute_log_length(setup.term_length)
-        refusal = self._bounds_refusal(host, length)
+        refusal = self._bounds_refusal(host, length, now_ns)
         if refusal is not None:
             counter, reason = refusal
             self.counters.add(counter)
@@ -481,7 +490,8 @@ class ReceiveSide:
         self.log_maker.submit(job)
         return self.attach_done(now_ns)
 
-    def _bounds_refusal(self, host: str, length: int) -> tuple[SystemCounter, str] | None:
+    def _bounds_refusal(self, host: str, length: int,
+                        now_ns: int) -> tuple[SystemCounter, str] | None:
         """Which bound a new image of ``host`` with a log of ``length`` bytes would pass (its
         counter and the reason), or None."""
         settings = self.settings
@@ -489,24 +499,42 @@ class ReceiveSide:
             return (SystemCounter.IMAGE_PENDING_REFUSED,
                     f"{len(self._pending)} image logs are being made, image_pending_max "
                     f"({settings.image_pending_max})")
-        images, used, pending = self._source_use.get(host, (0, 0, 0))
+        _, used, pending = self._source_use.get(host, (0, 0, 0))
         # One address may hold half of the logs being made: a flood from one host leaves
         # room for the others' SETUPs.
         if pending >= max(1, settings.image_pending_max // 2):
             return (SystemCounter.IMAGE_PENDING_REFUSED,
                     f"{host} has {pending} image logs being made, half of image_pending_max "
                     f"({settings.image_pending_max})")
-        if images >= settings.image_source_max_images:
+        limit = settings.image_source_max_images
+        unheard = self._unheard.get(host)
+        if (unheard is not None and pending + len(unheard) >= limit
+                and now_ns >= self._heard_checks.get(host, 0)):
+            # A flood at the bound is refused on the count alone until the next look.
+            self._heard_checks[host] = now_ns + HEARD_CHECK_INTERVAL_NS
+            self._forget_heard(host, unheard)
+        unproven = pending + len(unheard or ())
+        if unproven >= limit:
             return (SystemCounter.IMAGE_SOURCE_IMAGES_REFUSED,
-                    f"{host} has {images} images here, image_source_max_images "
-                    f"({settings.image_source_max_images})")
+                    f"{host} has {unproven} images here that no data came to yet, "
+                    f"image_source_max_images ({limit})")
         if used + length > settings.image_source_memory_limit:
             return (SystemCounter.IMAGE_SOURCE_MEMORY_REFUSED,
-                    f"its log of {length / 2**20:g} MiB would take the logs of {host}'s "
-                    f"images to {(used + length) / 2**20:g} MiB, past "
-                    f"image_source_memory_limit ({settings.image_source_memory_limit / 2**20:g}"
-                    f" MiB)")
+                    f"image_source_memory_limit "
+                    f"({settings.image_source_memory_limit / 2**20:g} MiB) reached: the logs "
+                    f"of {host}'s images would take {(used + length) / 2**20:g} MiB with "
+                    f"this one of {length / 2**20:g} MiB")
         return None
+
+    def _forget_heard(self, host: str, unheard: dict[int, _ImageEntry]) -> None:
+        """Take the images of ``host`` that data came to since out of ``unheard`` (its
+        entry in ``_unheard``): at most image_source_max_images reads, on a SETUP that
+        finds the bound reached, at most once per HEARD_CHECK_INTERVAL_NS."""
+        for registration_id in [r for r, e in unheard.items() if e.image.has_been_heard]:
+            del unheard[registration_id]
+        if not unheard:
+            del self._unheard[host]
+            self._heard_checks.pop(host, None)
 
     def _charge(self, host: str, images: int, length: int, *, pending: int = 0) -> None:
         """Count (or with negative values, uncount) images, log bytes and logs being made
@@ -617,6 +645,7 @@ class ReceiveSide:
         image = event.channel.new_image(event, log_buffer, positions, now_ns, loss_entry)
         image_entry = _ImageEntry(registration_id, image, log_buffer, counter_ids, event.source)
         entry.images[id(image)] = image_entry
+        self._unheard.setdefault(pending.host, {})[registration_id] = image_entry
         join = image.join_position
         out = []
         for subscription in entry.subscriptions:
@@ -700,6 +729,13 @@ class ReceiveSide:
             self._free_image(image_entry)
 
     def _free_image(self, image_entry: _ImageEntry) -> None:
+        host = image_entry.source[0]
+        unheard = self._unheard.get(host)
+        if unheard is not None:
+            unheard.pop(image_entry.registration_id, None)
+            if not unheard:
+                del self._unheard[host]
+                self._heard_checks.pop(host, None)
         for link in image_entry.links:
             self.counters.free(link.counter_id)
         image_entry.links.clear()

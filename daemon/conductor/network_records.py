@@ -141,6 +141,10 @@ class _PublicationEntry:
     #: A response publication's request image, while that sends RSP_SETUP (until this
     #: publication is connected: :meth:`.network_send.SendSide.check_response_connections`).
     response_image: PublicationImage | None = None
+    #: Refusals its receivers answered its SETUPs with (ERR frames), and when its publishers
+    #: were last told of one (ns; :meth:`.network_send.SendSide.on_publication_rejected`).
+    refusals: int = 0
+    refusal_told_ns: int = -(1 << 62)
 
 
 @attrs.define(eq=False)

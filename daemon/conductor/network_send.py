@@ -38,6 +38,7 @@ from slipstream.client.counters import (
 from slipstream.client.errors import ChannelError
 from slipstream.client.layout import SEALED_MTU_MAX, SEALED_OVERHEAD
 from slipstream.client.logbuffer import LogBuffer
+from slipstream.client.publication import PublicationRefusal
 from slipstream.daemon.agents.commands import ReceiverProxy, SenderProxy
 from slipstream.daemon.agents.endpoints import SendEndpoint
 from slipstream.daemon.conductor.image_logs import ImageLogMaker
@@ -107,6 +108,12 @@ from slipstream.daemon.streams.publication import NetworkPublication, SenderPosi
 
 log = logging.getLogger("slipstream.driver")
 
+#: A publication's publishers are told of its receivers' refusals (PUBLICATION_REFUSED) at
+#: most once per this interval: a refused stream's receiver answers each of its SETUPs it
+#: refuses, a forger as often as it likes.
+REFUSAL_NOTICE_INTERVAL_NS = 1_000_000_000
+
+
 class SendSide:
     """The network publications and their send endpoints (see the module's docstring)."""
 
@@ -165,6 +172,9 @@ class SendSide:
         self.session_ids: collections.Counter[int] = collections.Counter()
         #: How much of the text receivers send (ERR reasons) reaches the log.
         self._remote_text = RemoteTextLimiter()
+        #: Each publication's entry, by the publication object (its id): the sender's events
+        #: name the object.
+        self._entries: dict[int, _PublicationEntry] = {}
         self.names = names
         #: The resolver's answers, which channels' names are replaced with as they are added.
         self.name_cache = name_cache
@@ -296,6 +306,7 @@ class SendSide:
                                   durable_counter_ids=_durable_ids(kinds, counter_ids))
         endpoint.publications += 1
         self.publications[registration_id] = entry
+        self._entries[id(publication)] = entry
         self.session_ids[publication.session_id] += 1
         self._watch_episode_words(entry)
         if shared:
@@ -379,8 +390,7 @@ class SendSide:
     def on_publication_done(self, event: PublicationDone) -> Outgoing:
         """A publication is done (the sender let it go): its spies' images end, its counters and
         log are freed, and its endpoint closes if it was the last there."""
-        entry = next((e for e in self.publications.values()
-                      if e.publication is event.publication), None)
+        entry = self._entries.pop(id(event.publication), None)
         if entry is None:
             return []
         # Any spies left (none once it lingered).
@@ -401,19 +411,33 @@ class SendSide:
             self._close_endpoint(endpoint_entry)
         return out
 
-    def on_publication_rejected(self, event: PublicationRejected, now_ns: int) -> None:
+    def on_publication_rejected(self, event: PublicationRejected,
+                                now_ns: int) -> list[tuple[int, PublicationRefusal]]:
         """A receiver refused a publication's image: an error, counted and logged, its
         reason (text the remote host chose) escaped and cut, at most
         REMOTE_LINES_PER_INTERVAL lines per host per REMOTE_INTERVAL_NS; the lines past
-        that count REMOTE_TEXT_SUPPRESSED_DROPS."""
+        that count REMOTE_TEXT_SUPPRESSED_DROPS.  Returns the refusal its publishers are to
+        be told of, with the publication's registration id: the last of the event's, at
+        most one per publication per REFUSAL_NOTICE_INTERVAL_NS."""
+        last = None
         for (host, port), reason in event.rejections:
             self.counters.add(SystemCounter.ERRORS)
+            text = escape_remote_text(reason)
+            last = (f"{host}:{port}", text)
             if not self._remote_text.allow(host, now_ns):
                 self.counters.add(SystemCounter.REMOTE_TEXT_SUPPRESSED_DROPS)
                 continue
             log.error("the receiver at %s:%d refused the image of session %d "
                       "stream %d: %s", host, port, event.publication.session_id,
-                      event.publication.stream_id, escape_remote_text(reason))
+                      event.publication.stream_id, text)
+        entry = self._entries.get(id(event.publication))
+        if entry is None or last is None:
+            return []
+        entry.refusals += len(event.rejections)
+        if now_ns < entry.refusal_told_ns + REFUSAL_NOTICE_INTERVAL_NS:
+            return []
+        entry.refusal_told_ns = now_ns
+        return [(entry.registration_id, PublicationRefusal(*last, now_ns, entry.refusals))]
 
     def _close_endpoint(self, entry: _SendEndpointEntry) -> None:
         """The sender drops the endpoint; then :class:`EndpointRemoved` closes its socket
@@ -770,6 +794,7 @@ class SendSide:
                 self.counters.free(counter_id)
             discard_log(entry.log, self.budget)
         self.publications.clear()
+        self._entries.clear()
         self.session_ids.clear()
         self._shared_publications.clear()
 

@@ -57,7 +57,6 @@ from slipstream.client.frames import (
     decode,
 )
 from slipstream.client.layout import (
-    ERR_MAX_TEXT_LENGTH,
     FRAME_ALIGNMENT,
     FRAME_HEADER_LENGTH,
     HDR_TYPE_DATA,
@@ -121,6 +120,22 @@ PENDING_IMAGE_TIMEOUT_NS = 1_000_000_000
 #: ERR frame error codes (Aeron's ErrorCode).
 ERROR_CODE_STORAGE_SPACE = 12
 ERROR_CODE_IMAGE_REJECTED = 13
+#: The most refused streams (source, session, stream) an endpoint answers with an ERR per
+#: cool-down: a legitimate peer's refused streams are each told, a flood's new sessions
+#: draw at most this many ERRs a cool-down.
+ERR_STREAMS_MAX = 1024
+#: The most bytes of text an ERR answering a SETUP carries: the frame is then at most 3x the
+#: SETUP on the wire (IPv4: 196 bytes for 68), so an address a SETUP is spoofed from gets no
+#: more than that (docs/SECURITY.md).  Each bound's reason fits, its setting named.
+ERR_ANSWER_TEXT_MAX = 128
+#: A session refused again within two cool-downs of the end of its last one cools down
+#: twice as long as before, up to this many cool-downs: a stream the bounds keep refusing
+#: (its sender asks again, or its data elicits a SETUP) costs the receiver a refusal every
+#: 8 s, not every second (slipstream).
+REFUSED_COOL_DOWNS_MAX = 8
+#: The most refused sessions an endpoint remembers for that: past it, those it would have
+#: forgotten go, then the oldest half.
+REFUSED_SESSIONS_MAX = 4096
 
 _NOT_FOR_A_RECEIVER = frozenset((HDR_TYPE_NAK, HDR_TYPE_SM, HDR_TYPE_ERR, HDR_TYPE_RSP_SETUP))
 
@@ -177,9 +192,17 @@ class ReceiveChannel:
         self._pending_setup: dict[tuple[int, int], int] = {}  # -> expiry ns
         self._pending_image: dict[tuple[int, int], int] = {}  # -> expiry ns
         self._cool_down: dict[tuple[int, int], int] = {}  # -> expiry ns
-        #: Refused SETUPs get an ERR frame (and a line in the log) once per source address
-        #: per interval: a host sending thousands gets no thousands of either.
+        #: Refused SETUPs are logged once per source address per interval: a host sending
+        #: thousands gets no thousands of lines.
         self._refusal_notices = SourceNotices()
+        #: Each refused stream's sender hears why (an ERR frame) at each refusal, which its
+        #: cool-down spaces at least ``cool_down_ns`` apart; at most ERR_STREAMS_MAX streams
+        #: are told per cool-down, so a flood of new sessions draws a bounded number of ERRs,
+        #: each the answer to one SETUP from its address.
+        self._err_notices = SourceNotices(cool_down_ns, ERR_STREAMS_MAX)
+        #: Refused sessions: (session, stream) -> (their last cool-down, ns; when it is
+        #: forgotten, ns).
+        self._refused: dict[tuple[int, int], tuple[int, int]] = {}
         self._outbox: list[Datagram] = []
         self._events: list[ReceiverEvent] = []
         self._now_ns = now_ns
@@ -367,6 +390,7 @@ class ReceiveChannel:
         image.status_interval_factor = self.status_interval_factor
         key = (image.session_id, image.stream_id)
         self._pending_image.pop(key, None)
+        self._refused.pop(key, None)
         self.images[key] = image
         if self.is_response:
             self._answered.add(key)
@@ -397,24 +421,41 @@ class ReceiveChannel:
 
     def reject_image(self, request: ImageRequested, now_ns: int, reason: str,
                      code: int = ERROR_CODE_STORAGE_SPACE) -> int | None:
-        """The conductor could not make the image (no space, counters full, its source's
-        bounds): the session cools down and the sender hears why (an ERR frame,
-        docs/PROTOCOL.md §1.7), once per source address per interval.  Returns None when
-        the ERR was held back, else how many of that source's were since the last."""
+        """The image of ``request`` is not made (the conductor's bounds, no space, counters
+        full; or this receiver's own refusal): the session cools down and its sender hears
+        why (an ERR frame, docs/PROTOCOL.md §1.7) at this refusal, within ERR_STREAMS_MAX
+        streams per cool-down.  Returns None when the refusal is not to be logged (one of
+        its source's was, within the interval), else how many of that source's were not
+        since the last logged."""
         key = (request.setup.session_id, request.setup.stream_id)
         self._pending_image.pop(key, None)
-        self._cool_down[key] = now_ns + self.cool_down_ns
+        self._cool_down[key] = now_ns + self._refused_cool_down(key, now_ns)
         # Counted by whoever refused, under its cause (DROP_CAUSES: one cause each).
-        held = self._refusal_notices.tell(request.source[0], now_ns)
-        if held is None:
-            return None
-        # The text is bytes on the wire: cut it there, at a character boundary.
-        text = reason.encode()[:ERR_MAX_TEXT_LENGTH].decode(errors="ignore")
-        error = ErrorFrame(key[0], key[1], self.receiver_id, code, text)
-        self._outbox.append(Datagram(error.encode(),
-                                     self._path_control(request.via, request.source),
-                                     request.via))
-        return held
+        if self._err_notices.tell((request.source[0], *key), now_ns) is not None:
+            # The text is bytes on the wire: cut it there, at a character boundary.
+            text = reason.encode()[:ERR_ANSWER_TEXT_MAX].decode(errors="ignore")
+            error = ErrorFrame(key[0], key[1], self.receiver_id, code, text)
+            self._outbox.append(Datagram(error.encode(),
+                                         self._path_control(request.via, request.source),
+                                         request.via))
+        return self._refusal_notices.tell(request.source[0], now_ns)
+
+    def _refused_cool_down(self, key: tuple[int, int], now_ns: int) -> int:
+        """How long session ``key``, refused now, cools down (ns): ``cool_down_ns``, or twice
+        its last cool-down when that ended less than two cool-downs ago, up to
+        REFUSED_COOL_DOWNS_MAX of them."""
+        refused = self._refused
+        last = refused.get(key)
+        cool_down = self.cool_down_ns
+        if last is not None and now_ns < last[1]:
+            cool_down = min(2 * last[0], REFUSED_COOL_DOWNS_MAX * self.cool_down_ns)
+        refused[key] = (cool_down, now_ns + 3 * cool_down)
+        if len(refused) > REFUSED_SESSIONS_MAX:
+            kept = {k: v for k, v in refused.items() if now_ns < v[1]}
+            if len(kept) > REFUSED_SESSIONS_MAX // 2:
+                kept = dict(list(kept.items())[-(REFUSED_SESSIONS_MAX // 2):])
+            self._refused = kept
+        return cool_down
 
     def _sync_images(self) -> None:
         images = list(self.images.values())

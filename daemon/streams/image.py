@@ -161,6 +161,7 @@ class PublicationImage:
         #: Its SETUP carried SEND_RESPONSE: a request stream, whose client wants a response
         #: publication made for it (docs/CHANNELS.md §7.6).
         self.wants_response = setup.wants_response
+        self._made_ns = now_ns
 
         # -- sampled: counters the receiver publishes; any thread reads them ---------------
         # rcv-hwm and rcv-pos live in the driver's own memory: their counters, which every
@@ -305,6 +306,13 @@ class PublicationImage:
     def rcv_pos(self) -> int:
         """The receiver position: everything below is in the log, no gap (bytes)."""
         return self._rcv_pos[0]
+
+    @property
+    def has_been_heard(self) -> bool:
+        """Whether data or a heartbeat of its sender arrived since the image was made (the
+        data path's liveness word moved): a sender, not only SETUPs, is there.  A word the
+        receiver's C half stores whole."""
+        return self.c.time_of_last_packet_ns > self._made_ns
 
     # -- the receiver thread's: paths of a multi-destination subscription ------------------
     def seed_connection(self, via: int, address: Address, now_ns: int, fd: int = -1) -> None:

@@ -233,7 +233,7 @@ IMAGE_THREADS: dict[str, str] = _owned(
         wants_response log positions counters""",
     # window: an int the receiver rebinds as congestion control moves it (Aeron's
     # nextSmReceiverWindowLength, which its conductor reads the same way).
-    sampled="rcv_pos rcv_hwm window",
+    sampled="rcv_pos rcv_hwm window has_been_heard",
     receiver="""c cleaner congestion_control loss_detector rate_signaller state is_done
         is_end_of_stream left_behind add_subscriber_position remove_subscriber_position
         subscriber_count min_subscriber_position set_response_session attach_paths

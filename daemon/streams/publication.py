@@ -105,6 +105,12 @@ from slipstream.daemon.streams.states import (
 
 #: AERON_NETWORK_PUBLICATION_SETUP_TIMEOUT_NS / _HEARTBEAT_TIMEOUT_NS.
 SETUP_TIMEOUT_NS = 100_000_000
+#: While no receiver is live, an ERR (a receiver refused the image) spaces SETUPs at least
+#: this far apart (a refusing receiver cools the session down for a second: sooner ones
+#: would be dropped unread), each further ERR twice as far, up to SETUP_BACKOFF_MAX_NS
+#: (slipstream).
+SETUP_REFUSED_INTERVAL_NS = 1_000_000_000
+SETUP_BACKOFF_MAX_NS = 8_000_000_000
 HEARTBEAT_TIMEOUT_NS = network.SS_HEARTBEAT_TIMEOUT_NS
 #: ``ss_publication_limit_step``'s cap below every position: offers refused, cleaning only.
 _REFUSING = -NO_DEADLINE
@@ -300,6 +306,8 @@ class NetworkPublication:
         # -- the sender thread's: timers ---------------------------------------------------
         self._status_message_deadline_ns = NO_DEADLINE
         self._time_of_last_setup_ns = now_ns - SETUP_TIMEOUT_NS  # first SETUP at once
+        #: SETUP_TIMEOUT_NS, or longer while receivers refuse the image (ERR frames).
+        self._setup_interval_ns = SETUP_TIMEOUT_NS
         self._linger_start_ns = 0
         self._outbox: list[Datagram] = []  # RTTM replies made in on_frame
         self._now_ns = now_ns
@@ -548,7 +556,13 @@ class NetworkPublication:
             else:
                 self.counters.add(SystemCounter.REMOTE_TEXT_SUPPRESSED_DROPS)
             if bound is None:
-                return  # no live receiver of that id: nothing of the stream changes
+                # No live receiver of that id: a receiver refused the image.  While none is
+                # live, SETUPs back off; nothing else of the stream changes.
+                if not self._receivers:
+                    self._setup_interval_ns = min(
+                        max(2 * self._setup_interval_ns, SETUP_REFUSED_INTERVAL_NS),
+                        SETUP_BACKOFF_MAX_NS)
+                return
             # A live receiver's: it counts once the receiver's SMs stop (a receiver that
             # rejected the image sends none for it), within the grace; an SM of it after the
             # ERR says it is still there, and the ERR (forged from its address) is dropped.
@@ -683,7 +697,7 @@ class NetworkPublication:
         """A peer of its encrypted endpoint just got its session (docs/CHANNELS.md §7.8),
         having dropped the SETUP that made it ask: while SETUPs are due, the next goes at
         once rather than a SETUP interval later."""
-        self._time_of_last_setup_ns = now_ns - SETUP_TIMEOUT_NS
+        self._time_of_last_setup_ns = now_ns - self._setup_interval_ns
         self._next_due_ns = 0
 
     def _on_trigger_send_setup(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
@@ -691,6 +705,11 @@ class NetworkPublication:
         if not self.is_end_of_stream:
             self.is_setup_elicited = True
             self.flow_control.on_trigger_send_setup(sm, source, now_ns)
+            if self._setup_interval_ns > SETUP_TIMEOUT_NS:
+                # SETUPs back off after a refusal; a receiver that asks (its cool-down
+                # over, it may have room now) gets one at once.
+                self._time_of_last_setup_ns = now_ns - self._setup_interval_ns
+                self._next_due_ns = 0
 
     def _on_status_message(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
         # What an honest receiver could report (ss_publication_status_message, docs/DRIVER.md
@@ -869,7 +888,9 @@ class NetworkPublication:
         self.flow_control.on_setup_frame(self.sender_position, now_ns)
 
     def _setup_message_check(self, now_ns: int, out: list[Datagram]) -> None:
-        if now_ns - self._time_of_last_setup_ns < SETUP_TIMEOUT_NS:
+        if self._receivers:
+            self._setup_interval_ns = SETUP_TIMEOUT_NS
+        if now_ns - self._time_of_last_setup_ns < self._setup_interval_ns:
             return
         out.append(Datagram(self.setup_frame(), self.destination))
         self.setup_sent(now_ns)
@@ -1023,7 +1044,7 @@ class NetworkPublication:
             return now
         deadline = self.retransmit_handler.next_resend_ns()
         if not self.has_initial_connection or self.is_setup_elicited:
-            deadline = min(deadline, self._time_of_last_setup_ns + SETUP_TIMEOUT_NS)
+            deadline = min(deadline, self._time_of_last_setup_ns + self._setup_interval_ns)
         deadline = min(deadline, self.flow_control.next_deadline_ns())
         if self._pending_errors:
             deadline = min(deadline, min(at for _, at in self._pending_errors.values())
