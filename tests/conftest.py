@@ -142,9 +142,10 @@ def hosts(request: pytest.FixtureRequest, needs_hosts: None):  # -> Iterator[Nam
 #            namespace hosts
 #
 # ``make test-fast`` runs ``-m "unit or sim"``, ``make test-lane LANE=x`` one lane, and
-# ``make test`` every lane, in groups side by side (scripts/run-lanes).  A module's lane is MODULE_LANES'; a test of another lane says so
-# with its own ``@pytest.mark.<lane>`` (or its module's ``pytestmark``), or, in the modules
-# listed in TEST_LANES, there.  A module missing from MODULE_LANES fails the collection.
+# ``make test`` every lane, in groups side by side (scripts/run-lanes).  A module's lane is
+# MODULE_LANES'; a test of another lane says so with its own ``@pytest.mark.<lane>`` (or its
+# module's ``pytestmark``), or, in the modules listed in TEST_LANES, there.  A module missing
+# from MODULE_LANES fails the collection.
 
 LANES = ("unit", "sim", "sockets", "hosts", "interop", "spark", "containers")
 
