@@ -88,7 +88,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "network_publication_max_messages_per_send": 64,
     "retransmit_unicast_delay": 0,
     "retransmit_unicast_linger": 200 * US,
-    "max_resend": 16,
+    "max_resend": 256,
     "mdc_join": "",
     "mdc_candidates_max": 64,
     "mdc_validation_timeout": 3 * S,
