@@ -590,7 +590,7 @@ def test_a_decimal_duration_is_exact_to_the_nanosecond(whole: int, digits: str,
 
 
 def test_settings_are_frozen_and_sources_do_not_affect_equality() -> None:
-    a = load_settings(env={"SLIPSTREAM_MAX_RESEND": "16"})
+    a = load_settings(env={"SLIPSTREAM_MAX_RESEND": "256"})
     b = DriverSettings()
     assert a == b and hash(a) == hash(b)
     assert (a.source_of("max_resend"), b.source_of("max_resend")) == ("env", "default")
