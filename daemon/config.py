@@ -420,7 +420,13 @@ class DriverSettings:
         high=_S,
     )
     max_resend: int = integer(
-        16, "Concurrent retransmit actions per publication (count).", low=1, high=256
+        256,
+        "Concurrent retransmit actions per publication with group semantics (count); a "
+        "unicast one has one.  Each lingers at least nak_multicast_max_backoff, so the pool "
+        "repairs at most this many distinct losses per linger: beyond that a NAK is dropped "
+        "(retransmit overflows) and its receiver asks again, and again (slipstream; Aeron's "
+        "16 overflows with a few dozen receivers at a few percent loss).",
+        low=1, high=256,
     )
     mdc_join: str = text(
         "",

@@ -49,7 +49,7 @@ from slipstream.daemon.protocol.types import Address
 from slipstream.daemon.streams.publication import NetworkPublication
 from slipstream.sim.events import PHASE_SERVICE, EventLoop, Timer
 from slipstream.sim.network import Network
-from slipstream.sim.scenario import Scenario
+from slipstream.sim.scenario import Scenario, host_ip
 from slipstream.sim.transport import VirtualTransports
 
 
@@ -281,7 +281,7 @@ class SimHost:
     def __init__(self, sim: World, index: int) -> None:
         self.sim = sim
         self.index = index
-        self.ip = f"10.0.0.{index}"
+        self.ip = host_ip(index)
         self.up = False
         self.incarnation = 0
         self.driver: SimDriver | None = None

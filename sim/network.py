@@ -265,7 +265,7 @@ class Network:
         self._links: dict[tuple[str, str], Link] = {}
         self._bound: dict[Address, Receiver] = {}
         self._groups: dict[Address, dict[str, Receiver]] = {}
-        self._toward: dict[tuple[str, Address], tuple[Link, ...]] = {}  # see _links_toward
+        self._toward: dict[tuple[str, Address], tuple[Link, ...]] = {}  # _limited_links_toward
         self._up: dict[str, bool] = {}
         self.partitions: list[Partition] = []
         self.keep_trace = keep_trace
@@ -305,6 +305,7 @@ class Network:
         link = self._links.get((src, dst))
         if link is not None:
             link.faults = faults
+        self._toward.clear()  # a link may have gained or lost its bandwidth limit
 
     def set_all_faults(self, faults: LinkFaults) -> None:
         """The same faults on every direction of every link, present and future."""
@@ -313,13 +314,14 @@ class Network:
             self._faults[key] = faults
         for link in self._links.values():
             link.faults = faults
+        self._toward.clear()
 
     def drained_by_ns(self, src_ip: str, destination: Address, backlog: int,
                       now_ns: int) -> int:
         """When every link from ``src_ip`` toward ``destination`` holds at most ``backlog``
         bytes (``now_ns`` if they do already or have no bandwidth limit)."""
         when = now_ns
-        for link in self._links_toward(src_ip, destination):
+        for link in self._limited_links_toward(src_ip, destination):
             waiting = link.backlog_bytes(now_ns)
             if waiting is not None and waiting > backlog:
                 when = max(when, now_ns + -(-(waiting - backlog) * 8000
@@ -331,16 +333,17 @@ class Network:
         member of a multicast group), None when none of them has a bandwidth limit: what a
         sender's socket buffer holds while the link's queue drains it."""
         most = None
-        for link in self._links_toward(src_ip, destination):
+        for link in self._limited_links_toward(src_ip, destination):
             backlog = link.backlog_bytes(now_ns)
             if backlog is not None and (most is None or backlog > most):
                 most = backlog
         return most
 
-    def _links_toward(self, src_ip: str, destination: Address) -> tuple[Link, ...]:
-        """The links a datagram from ``src_ip`` to ``destination`` takes (one per member of a
-        multicast group, in join order), kept until a host joins or leaves a group: a
-        sender asks every duty cycle."""
+    def _limited_links_toward(self, src_ip: str, destination: Address) -> tuple[Link, ...]:
+        """The links with a bandwidth limit that a datagram from ``src_ip`` to
+        ``destination`` takes (of one per member of a multicast group, in join order), kept
+        until a host joins or leaves a group or faults change: a sender asks every duty
+        cycle, and with hundreds of members and no limit the answer is empty."""
         key = (src_ip, destination)
         links = self._toward.get(key)
         if links is None:
@@ -348,7 +351,9 @@ class Network:
                 targets = [ip for ip in self._groups.get(destination, ()) if ip != src_ip]
             else:
                 targets = [destination[0]]
-            links = self._toward[key] = tuple(self.link(src_ip, ip) for ip in targets)
+            links = self._toward[key] = tuple(
+                link for link in (self.link(src_ip, ip) for ip in targets)
+                if link.faults.rate_mbit > 0)
         return links
 
     def link(self, src: str, dst: str) -> Link:

@@ -100,9 +100,25 @@ class ScenarioError(ValueError):
     """A scenario value is out of range; the message names the key."""
 
 
+#: The most hosts a scenario has: their addresses fill 10.0.0.0/16 but for its network and
+#: broadcast addresses.
+MAX_HOSTS: Final = 65534
+
+
 def host_ip(index: int) -> str:
-    """The address of host ``index`` (1-based): 10.0.0.N."""
-    return f"10.0.0.{index}"
+    """The address of host ``index`` (1-based, up to :data:`MAX_HOSTS`) in 10.0.0.0/16:
+    10.0.0.N for N up to 255, then 10.0.1.0 and on."""
+    return f"10.0.{index >> 8}.{index & 0xFF}"
+
+
+def host_index(ip: str) -> int | None:
+    """The host number whose address is ``ip`` (None: no simulated host's)."""
+    parts = ip.split(".")
+    if (len(parts) != 4 or parts[:2] != ["10", "0"]
+            or not all(part.isdigit() and int(part) < 256 for part in parts[2:])):
+        return None
+    index = (int(parts[2]) << 8) | int(parts[3])
+    return index if 1 <= index <= MAX_HOSTS else None
 
 
 @attrs.frozen
@@ -163,8 +179,8 @@ class Scenario:
         if self.hosts < 2:
             raise ScenarioError(f"hosts: need at least 2 (a publisher and a subscriber), "
                                 f"not {self.hosts}")
-        if self.hosts > 254:
-            raise ScenarioError(f"hosts: at most 254, not {self.hosts}")
+        if self.hosts > MAX_HOSTS:
+            raise ScenarioError(f"hosts: at most {MAX_HOSTS}, not {self.hosts}")
         if self.transport not in TRANSPORTS:
             raise ScenarioError(f"transport: {self.transport!r} is not one of "
                                 f"{', '.join(TRANSPORTS)}")
@@ -288,10 +304,11 @@ _SCENARIO_KEYS: Final = {"hosts", "messages", "size", "seed", "channel", "publis
 
 def _host_index(key: str, value: Any, hosts: int) -> int:
     if isinstance(value, str):
-        prefix = "10.0.0."
-        if not value.startswith(prefix) or not value[len(prefix):].isdigit():
-            raise ScenarioError(f"{key}: {value!r} is not a host number or 10.0.0.N")
-        value = int(value[len(prefix):])
+        index = host_index(value)
+        if index is None:
+            raise ScenarioError(f"{key}: {value!r} is not a host number or a host's address "
+                                f"(10.0.0.N)")
+        value = index
     if isinstance(value, bool) or not isinstance(value, int):
         raise ScenarioError(f"{key}: {value!r} is not a host number")
     if not 1 <= value <= hosts:

@@ -68,8 +68,8 @@ class TransportHost(Protocol):
     def wake(self) -> None: ...
 
 
-#: The prefix of the simulated hosts' network: every host is 10.0.0.N (sim/host.py).
-SIM_PREFIX: Final = 24
+#: The prefix of the simulated hosts' network, 10.0.0.0/16 (sim/scenario.py's host_ip).
+SIM_PREFIX: Final = 16
 
 #: The first ephemeral port a host's send transports use; each incarnation takes a new one.
 SEND_PORT_BASE: Final = 50000
@@ -144,7 +144,7 @@ class VirtualTransports:
 
     def local_addresses(self) -> list[InterfaceAddress]:
         """The simulated host's one interface: its address in the simulator's network
-        (10.0.0.0/24), up and able to multicast; never the real machine's."""
+        (10.0.0.0/16), up and able to multicast; never the real machine's."""
         return [InterfaceAddress("sim0", IFF_UP | IFF_MULTICAST,
                                  ipaddress.ip_interface(f"{self.host.ip}/{SIM_PREFIX}"))]
 

@@ -252,6 +252,7 @@ MODULE_LANES = {
     "test_sim_flow": "sim",
     "test_sim_mdc": "sim",
     "test_sim_mds": "sim",
+    "test_sim_scale": "sim",
     "test_sim_response_channels": "sim",
     "test_sim_network": "sim",
     "test_sim_protocol": "sim",

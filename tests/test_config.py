@@ -88,7 +88,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "network_publication_max_messages_per_send": 64,
     "retransmit_unicast_delay": 0,
     "retransmit_unicast_linger": 200 * US,
-    "max_resend": 16,
+    "max_resend": 256,
     "mdc_join": "",
     "mdc_candidates_max": 64,
     "mdc_validation_timeout": 3 * S,
@@ -590,7 +590,7 @@ def test_a_decimal_duration_is_exact_to_the_nanosecond(whole: int, digits: str,
 
 
 def test_settings_are_frozen_and_sources_do_not_affect_equality() -> None:
-    a = load_settings(env={"SLIPSTREAM_MAX_RESEND": "16"})
+    a = load_settings(env={"SLIPSTREAM_MAX_RESEND": "256"})
     b = DriverSettings()
     assert a == b and hash(a) == hash(b)
     assert (a.source_of("max_resend"), b.source_of("max_resend")) == ("env", "default")
