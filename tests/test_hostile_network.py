@@ -11,8 +11,10 @@ and then freezes from the attacker's own address; and, on a dynamic multi-destin
 stream, 1,600 joining status messages from 200 spoofed ports.
 
 What each shows (docs/SECURITY.md): every message once, in order, nothing forged delivered;
-the publisher's rate, its offers (no NOT_CONNECTED) and both drivers' heartbeats unchanged;
-nothing sent back to the spoofed addresses; and the drops counted by cause.  The plain-stream
+a stream that flows (no stall a publisher would take for a lost receiver), its offers (no
+NOT_CONNECTED) and both drivers' heartbeats unchanged; nothing sent back to the spoofed
+addresses; and the drops counted by cause.  The stream's rate under each attack is a figure of
+bench/hostile_floods.py, not of this test.  The plain-stream
 side of each attack is in the tests of its defence: tests/test_setup_flood_hosts.py,
 tests/test_mdc_validation_hosts.py, tests/test_control_hosts.py.
 """
@@ -29,6 +31,7 @@ from typing import Any
 import pytest
 from hostile import LegitStream, attack
 
+from slipstream.daemon.config import DriverSettings
 from slipstream.sim.real.hosts import NamespaceHosts
 
 pytestmark = pytest.mark.timeout(300)
@@ -41,6 +44,9 @@ TERM_ID = 1000
 TERM_LENGTH = 1 << 20
 RATE = 2000
 KEY = bytes(range(32)).hex()
+#: A publication with no status message for this long counts its receivers gone, s (the
+#: drivers run with the defaults).
+CONNECTION_TIMEOUT_S = DriverSettings().publication_connection_timeout / 1e9
 
 
 def _keys(tmp_path: Path) -> dict[str, Any]:
@@ -114,9 +120,10 @@ def test_an_encrypted_stream_delivers_every_message_once_through_every_attack(
     assert report.received == report.offered, (report.received, report.offered)
     assert report.not_connected == 0
     assert report.offered >= 0.97 * RATE * 40
-    quiet = report.rate(1.0, attacks_began)
-    attacked = report.rate(attacks_began, attacks_ended)
-    assert attacked >= 0.9 * quiet, (attacked, quiet)
+    # The stream flowed through every attack: no stall a publisher would take for a lost
+    # receiver.  Its rate under each attack against the quiet rate is bench.hostile_floods'.
+    stall_s = report.longest_stall_s(attacks_began, attacks_ended)
+    assert stall_s < CONNECTION_TIMEOUT_S, stall_s
     # The driver beats at least once a second, idle or not: a flood that held its conductor
     # would show here as it did to the clients that saw their driver dead.
     assert report.subscriber_heartbeat_age_s < 2.0
@@ -130,9 +137,8 @@ def test_an_encrypted_stream_delivers_every_message_once_through_every_attack(
     assert at_publisher.get("crypto-plain-at-encrypted", 0) >= 0.9 * (
         sent["NAKs as the receiver"] + sent["ERRs as the receiver"]
         + sent["rate signals as the receiver"] + sent["a receiver that freezes"]), at_publisher
-    print(f"\nencrypted stream under attack: quiet {quiet:,.0f} msg/s, attacked "
-          f"{attacked:,.0f} msg/s ({attacked / quiet:.3f}x); sent {sent}; drops at the "
-          f"subscriber {at_subscriber}, at the publisher {at_publisher}")
+    print(f"\nencrypted stream under attack: longest stall {stall_s:.1f} s; sent {sent}; "
+          f"drops at the subscriber {at_subscriber}, at the publisher {at_publisher}")
 
 
 def test_an_encrypted_dynamic_mdc_stream_reflects_nothing_to_forged_joins(
@@ -167,6 +173,5 @@ def test_an_encrypted_dynamic_mdc_stream_reflects_nothing_to_forged_joins(
     assert reflected == 0
     assert report.forged == 0 and report.duplicates == 0 and report.out_of_order == 0
     assert report.received == report.offered and report.not_connected == 0
-    quiet, attacked = report.rate(1.0, attacks_began), report.rate(attacks_began, attacks_ended)
-    assert attacked >= 0.9 * quiet, (attacked, quiet)
+    assert report.longest_stall_s(attacks_began, attacks_ended) < CONNECTION_TIMEOUT_S
     assert _drops(publisher.directory).get("crypto-plain-at-encrypted", 0) >= 0.9 * 1760
