@@ -2,7 +2,7 @@
 publisher, four subscriber hosts, a real driver on each, the scenarios played by
 ``slipstream sim --on-hosts``.  Needs root.
 
-    sudo .venv/bin/python -m bench.flow_hosts [--only pause,slow,cubic] [--plots DIR]
+    sudo .venv/bin/python -m bench.flow_hosts [--only pause,slow,cubic,bands] [--plots DIR]
 
 * **pause**: host 3's subscriber stops reading for 2 s (as a GC pause would) while the
   publisher sends 10,000 x 1 KiB messages a second; then its driver dies instead.  For each of
@@ -19,6 +19,10 @@ publisher, four subscriber hosts, a real driver on each, the scenarios played by
   window, and two static ones (the reference); the tbf queue holds 5 ms, less than two windows
   in flight.  Target: two CUBIC streams within 20 % of each other once settled (the last
   third of a 30 s run); a CUBIC stream beside a static one does not starve it.
+* **bands**: two streams on one send socket through a ``tbf`` of 100 Mbit/s whose queue is
+  longer than the socket's buffer, priority=800 (band 4) against priority=0 (band 1), as
+  tests/test_flow_hosts.py runs them.  Target: band 4 takes 8/9 of what goes, and the two
+  use over 80 % of the link.
 
 Every figure comes from the run's own samples (every 10 ms: snd-pos, snd-lmt and the rate
 limit from the publisher's counters, each subscriber's position).
@@ -159,6 +163,22 @@ def cubic(plots: Path | None, seconds: float) -> None:
             _plot_shares(name, params, result["bins"], plots)
 
 
+def bands(seconds: float) -> None:
+    print(f"\n== band 4 against band 1 on one send socket, through a tbf of {CUBIC_MBIT} "
+          f"Mbit/s, {seconds:.0f} s ==")
+    result = share_one_link(("", ""), seconds, mbit=CUBIC_MBIT, queue_ms=50,
+                            publication_params=("priority=0", "priority=800"),
+                            sender_settings={"socket_so_sndbuf": "64k"},
+                            receiver_settings={"rcv_initial_window_length": "2m",
+                                               "socket_so_rcvbuf": "4m"}, size=SIZE)
+    low, high = (series[10:] for series in result["bins"])  # after the first second
+    used = (sum(high) + sum(low)) / (len(high) * 0.1)
+    print(f"band 4 {sum(high) / (sum(high) + sum(low)):.1%} of what went (target 88.9 %); "
+          f"band 1's least 100 ms {min(low) / 1e3:.0f} KB; together "
+          f"{used / 1e6:.2f} MB/s, {used / (CUBIC_MBIT * 1e6 / 8):.0%} of the link "
+          f"(target > 80 %)", flush=True)
+
+
 def _plot_shares(name: str, params: tuple[str, str], bins: list[list[int]],
                  plots: Path) -> None:
     import matplotlib
@@ -184,8 +204,8 @@ def _plot_shares(name: str, params: tuple[str, str], bins: list[list[int]],
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default="pause,slow,cubic",
-                        help="which parts: pause, slow, cubic (default: %(default)s)")
+    parser.add_argument("--only", default="pause,slow,cubic,bands",
+                        help="which parts: pause, slow, cubic, bands (default: %(default)s)")
     parser.add_argument("--seconds", type=float, default=30.0,
                         help="length of each shared-link run (default: %(default)s)")
     parser.add_argument("--plots", type=Path, help="write each run's plot to this directory")
@@ -205,6 +225,8 @@ def main() -> int:
         slow(args.plots, args.messages)
     if "cubic" in parts:
         cubic(args.plots, args.seconds)
+    if "bands" in parts:
+        bands(args.seconds)
     return 0
 
 

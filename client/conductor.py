@@ -63,6 +63,9 @@ RESOURCE_LINGER_S = 3.0
 #: did not say there are any, s: a safety net only (each look takes the GIL from the
 #: application's thread).
 EVENTS_SAFETY_NET_S = 5.0
+#: Seconds close() waits for the conductor thread to end (it ends at its next look, unless a
+#: handler it runs is slow); the thread closes what is left itself if it is still running.
+THREAD_JOIN_TIMEOUT_S = 2.0
 #: What a request that releases a resource ignores: the driver did not answer, is gone (also
 #: noticed while it waited), no longer knows the resource, or the client closed meanwhile (a
 #: handler its wait ran): close() releases everything anyway.
@@ -769,7 +772,7 @@ class ClientConductor:
                 os.close(self._notices_in)
             assert self._thread is not None
             if not self._inside_the_conductors_work():
-                self._thread.join(timeout=2)
+                self._thread.join(timeout=THREAD_JOIN_TIMEOUT_S)
         finally:  # also if interrupted: the thread or this closes what is left
             self._release_endpoints()
 

@@ -264,6 +264,25 @@ def voluntary_switches(pid: int | None = None, tid: int | None = None) -> int:
     return int(path.read_text().split("\nvoluntary_ctxt_switches:")[1].split()[0])
 
 
+def udp_receive_drops(host: Any) -> int:
+    """Datagrams the kernel of namespace host ``host`` dropped for a full receive buffer
+    (``RcvbufErrors`` of /proc/net/snmp): ones no driver there ever read."""
+    names, values = (line.split() for line in host.run("cat", "/proc/net/snmp").stdout
+                     .splitlines() if line.startswith("Udp:"))
+    return int(values[names.index("RcvbufErrors")])
+
+
+def keepalive_threads() -> set[str]:
+    """The thread ids of this process's keepalive threads (``ss-keepalive``, the client's C
+    keeper of its heartbeat)."""
+    found = set()
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            if (task / "comm").read_text().strip() == "ss-keepalive":
+                found.add(task.name)
+    return found
+
+
 def _schedstats(all_threads: bool, pid: int | None) -> list[tuple[float, float, int]]:
     """(s on a CPU, s waiting for one, timeslices) of each thread chosen as ``runnable_s``."""
     if pid is not None:

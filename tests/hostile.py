@@ -51,6 +51,18 @@ class StreamReport:
         i0, i1 = int(start_s * 10) + 1, int(end_s * 10) - 1
         return (self.buckets[i1] - self.buckets[i0]) / ((i1 - i0) / 10)
 
+    def longest_stall_s(self, start_s: float, end_s: float) -> float:
+        """The longest time between ``start_s`` and ``end_s`` after the publisher began in
+        which no message was delivered (s, in whole 100 ms buckets; a stream that flows shows
+        0.1).  A bucket the subscriber's loop did not reach counts as no delivery."""
+        i0, i1 = int((start_s + self.lead_s) * 10), int((end_s + self.lead_s) * 10)
+        longest, last_index, last_count = 0, i0, self.buckets[i0]
+        for index in range(i0 + 1, i1 + 1):
+            if self.buckets[index] > last_count:
+                longest = max(longest, index - last_index)
+                last_index, last_count = index, self.buckets[index]
+        return max(longest, i1 - last_index) / 10
+
 
 def _publisher(directory: str, channel: str, stream_id: int, rate: float, seconds: float,
                out: Any, ready: Any, go: Any) -> None:

@@ -390,7 +390,8 @@ def test_a_publication_closed_after_its_untethered_spy_was_left_behind_ends(laun
     """A publication closed while its untethered spy, just left behind, still lingers (its
     position held for its window limit timeout, 1 s here): the spy's client was told, so the
     close drops it at once; the publication drains, lingers (500 ms) and goes, its log file
-    and its counters with it, well before the spy's linger would have ended."""
+    and its counters with it.  The untethered timer leaves a closing publication alone, so a
+    lingering spy the close kept would hold its drain for good: the log is never freed."""
     a = launch()
     with _spied_stream(a, launch(), 13, _untethered("1s", "10s")) as (
             publication, spy, received, left):
@@ -400,11 +401,8 @@ def test_a_publication_closed_after_its_untethered_spy_was_left_behind_ends(laun
         wait_for(lambda: left, timeout=5, what="the spy left behind")
         time.sleep(0.1)
         publication.close()
-        closed = time.monotonic()
-        wait_for(lambda: not _logs(a) and not publisher_limits(a), timeout=3,
+        wait_for(lambda: not _logs(a) and not publisher_limits(a), timeout=5,
                  what="the closed publication's log and pub-lmt freed")
-        # The publication's linger (500 ms), not the spy's (1 s from being left behind).
-        assert time.monotonic() - closed < 0.9 + 0.5
         assert not _sub_positions(a, spy.registration_id)  # its counter went with it
         assert not spy.images
 
