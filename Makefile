@@ -5,7 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 DIR    ?=
 
-.PHONY: run test test-fast test-lane install install-service java aeron tools containers image \
+.PHONY: run test test-fast test-lane install install-service java aeron tools containers arm64 \
+        image \
         wheel lint bench clean config
 
 install: $(STAMP)
@@ -33,10 +34,13 @@ config: install
 # The wheel that installs with no compiler (README, "Install"; docs/OPERATIONS.md): the sdist,
 # the wheel from it, repaired by auditwheel into a manylinux one (OpenSSL's libcrypto inside),
 # and its dependencies' wheels, all in $(WHEELHOUSE) (the sdist in its sdist/):
-# `pip install --no-index --find-links wheelhouse slipstream` on the target.
+# `pip install --no-index --find-links wheelhouse slipstream` on the target.  With it the
+# aarch64 wheel of the same sdist and its dependencies' aarch64 wheels, built here by Debian's
+# cross compiler (make arm64 installs it, as root); AARCH64= leaves them out.
 WHEELHOUSE ?= wheelhouse
-wheel: install
-	$(BIN)/python scripts/build_wheel.py $(WHEELHOUSE)
+AARCH64 ?= yes
+wheel: install $(if $(AARCH64),arm64,)
+	$(BIN)/python scripts/build_wheel.py $(if $(AARCH64),--aarch64,) $(WHEELHOUSE)
 
 # The host's service (README, "Run it as a service"), as root, in a checkout at /opt/slipstream:
 # the slipstream user and group, .venv made anew from SERVICE_PYTHON (in place of a dev venv
@@ -77,28 +81,44 @@ image: containers $(if $(IMAGE_PYTHON),,install)
 containers:
 	@scripts/ensure-containers
 
+# The aarch64 wheel's cross build and the arm64 lane, as root (scripts/ensure-arm64): Debian's
+# cross compiler, the arm64 architecture with libssl-dev:arm64 and libpython3.11-dev:arm64,
+# qemu-user with its binfmt_misc entry, and $(ARM64_ROOT), an arm64 CPython unpacked from
+# bookworm's packages (under a minute; kept).
+ARM64_ROOT := $(VENV)/debian-bookworm-arm64
+arm64: install
+	@scripts/ensure-arm64 $(ARM64_ROOT)
+
 run: install
 	$(BIN)/slipstream demo $(if $(DIR),--dir $(DIR),)
 
-# The containers lane runs beside the others: most of its time is podman building the image
-# and starting containers, and it would add minutes in line; its report follows theirs.  It
-# runs niced (the others have timing-bound tests) and goes with make (Ctrl-C, a kill).
+# The containers and arm64 lanes run beside the others: most of the first's time is podman
+# building the image and starting containers, most of the second's qemu emulating aarch64,
+# and each would add minutes in line; their reports follow the others'.  They run niced (the
+# others have timing-bound tests) and go with make (Ctrl-C, a kill).
 CONTAINERS_LOG := $(VENV)/containers-lane.log
-test: install java aeron tools containers
+ARM64_LOG := $(VENV)/arm64-lane.log
+test: install java aeron tools containers arm64
 	$(BIN)/ruff check .
 	@nice -n 10 $(BIN)/python -m pytest -q -p no:cacheprovider -m containers \
 	    >$(CONTAINERS_LOG) 2>&1 & \
-	lane=$$!; trap 'kill $$lane 2>/dev/null' INT TERM; \
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not containers"; others=$$?; \
-	wait $$lane; containers=$$?; \
+	lane=$$!; \
+	nice -n 10 $(BIN)/python -m pytest -q -p no:cacheprovider -m arm64 >$(ARM64_LOG) 2>&1 & \
+	arm=$$!; trap 'kill $$lane $$arm 2>/dev/null' INT TERM; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not containers and not arm64"; \
+	others=$$?; \
+	wait $$lane; containers=$$?; wait $$arm; arm64=$$?; \
 	echo "--- the containers lane, run beside the others ($(CONTAINERS_LOG)):"; \
 	cat $(CONTAINERS_LOG); \
-	[ $$others -eq 0 ] && [ $$containers -eq 0 ]
+	echo "--- the arm64 lane, run beside the others ($(ARM64_LOG)):"; \
+	cat $(ARM64_LOG); \
+	[ $$others -eq 0 ] && [ $$containers -eq 0 ] && [ $$arm64 -eq 0 ]
 
 # Every test is in one lane (tests/conftest.py says which and why): unit, sim (the simulator),
 # sockets (real driver processes on this host), hosts (root: namespaces, iptables, other users,
 # systemd), interop (the stock Aeron driver), spark (a SparkSession), containers (the image
-# and its containers, podman as root).  `make test` runs them
+# and its containers, podman as root), arm64 (the aarch64 wheel under qemu-user, root).
+# `make test` runs them
 # all; `make test-fast` the two that need nothing but the venv; `make test-lane LANE=sockets`
 # one lane, or a marker expression: LANE="hosts or interop".  A lane's tools come first.
 LANE ?=
@@ -106,13 +126,14 @@ LANE_NEEDS_hosts   := tools
 LANE_NEEDS_interop := aeron
 LANE_NEEDS_spark   := java
 LANE_NEEDS_containers := containers
+LANE_NEEDS_arm64   := tools arm64
 
 # On both cores (pytest-xdist): the simulator's scenarios are CPU-bound, in virtual time.
 test-fast: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist worksteal -m "unit or sim"
 
 test-lane: install $(foreach word,$(LANE),$(LANE_NEEDS_$(word)))
-	@test -n "$(LANE)" || { echo "make test-lane LANE=unit|sim|sockets|hosts|interop|spark|containers" >&2; exit 2; }
+	@test -n "$(LANE)" || { echo "make test-lane LANE=unit|sim|sockets|hosts|interop|spark|containers|arm64" >&2; exit 2; }
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "$(LANE)"
 
 lint: install

@@ -141,17 +141,20 @@ def hosts(request: pytest.FixtureRequest, needs_hosts: None):  # -> Iterator[Nam
 #   containers  slipstream's image and containers of it (podman, as root), on this host or on
 #            namespace hosts; `make test` runs this lane beside the others (it waits on
 #            podman's builds and starts more than it computes)
+#   arm64    the aarch64 wheel, its driver and clients under qemu-user in an arm64 root (root;
+#            make arm64); `make test` runs it beside the others too (qemu emulates, slowly)
 #
 # ``make test-fast`` runs ``-m "unit or sim"``, ``make test-lane LANE=x`` one lane, and
 # ``make test`` every lane.  A module's lane is MODULE_LANES'; a test of another lane says so
 # with its own ``@pytest.mark.<lane>`` (or its module's ``pytestmark``), or, in the modules
 # listed in TEST_LANES, there.  A module missing from MODULE_LANES fails the collection.
 
-LANES = ("unit", "sim", "sockets", "hosts", "interop", "spark", "containers")
+LANES = ("unit", "sim", "sockets", "hosts", "interop", "spark", "containers", "arm64")
 
 MODULE_LANES = {
     "test_aeron_peer": "interop",
     "test_archive": "sockets",
+    "test_arm64": "arm64",
     "test_archive_disk_full": "hosts",
     "test_archive_units": "unit",
     "test_archive_stream_retention": "unit",
