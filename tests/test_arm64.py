@@ -25,6 +25,7 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -289,3 +290,50 @@ def test_an_arm64_driver_and_an_x86_64_driver_exchange_a_udp_stream_both_ways_ex
             f"{side}: {output}"
         assert int(last[3]) >= least_terms > 10, f"{side}: {output}"
         assert last[4] == "acked", f"{side}: {output}"
+
+
+#: The checkout's tests of what the log buffer's C code orders, run by the arm64 CPython on
+#: the aarch64 wheel: processes appending to one log at once (the tail's fetch-and-add, each
+#: frame's length stored with release after its body, padding at the term's end), claimers
+#: that died between claim and commit, and many rotations (the term count's
+#: compare-and-swap) with a reader and the cleaner behind them.
+ORDERING_TESTS = (
+    "test_concurrent_appends_from_several_processes_never_corrupt_or_lose_a_frame",
+    "test_a_dead_claimer_is_unblocked_with_padding",
+    "test_a_claimer_that_died_before_writing_its_header_is_unblocked",
+    "test_many_term_rotations_with_cleaning_behind_the_reader",
+)
+#: What those tests need beyond the wheel (the test extra's runners), at this venv's versions.
+TEST_PACKAGES = ("pytest", "pytest-timeout", "pytest-trio", "hypothesis")
+
+
+@pytest.mark.timeout(INSTALL_TIMEOUT_S + 600 + QEMU_INSTALL_TIMEOUT_S + 2 * QEMU_RUN_TIMEOUT_S)
+def test_the_log_buffers_concurrency_tests_pass_on_aarch64_under_qemu(
+        arm64_work: Path, tmp_path: Path) -> None:
+    """:data:`ORDERING_TESTS` of tests/test_logbuffer.py pass on the arm64 CPython with the
+    aarch64 wheel: its acquire and release loads and stores, fetch-and-adds and
+    compare-and-swaps run as aarch64 instructions (on this machine's stronger order: the
+    module's docstring)."""
+    case = arm64_work / "ordering"
+    for name in build_wheel.source_files(CHECKOUT):
+        if name.startswith("tests/") or name in ("pyproject.toml", "scripts/build_wheel.py"):
+            (case / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(CHECKOUT / name, case / name)
+    pins = [f"{name}=={metadata.version(name)}" for name in TEST_PACKAGES]
+    wheel = _aarch64_wheel(arm64_work / "wheelhouse")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q",
+         "--only-binary", ":all:", "--python-version", "3.11",
+         *(arg for tag in build_wheel.platform_tags(wheel) for arg in ("--platform", tag)),
+         "--dest", arm64_work / "wheelhouse", *pins],
+        check=True, capture_output=True, timeout=600)
+    run = ('set -- /usr/share/python-wheels/pip-*.whl; '
+           'python "$1/pip" install --disable-pip-version-check -q --no-compile --no-index '
+           f'--find-links /work/wheelhouse {" ".join(pins)} && '
+           'python -m pytest -q -p no:cacheprovider tests/test_logbuffer.py -k '
+           f'"{" or ".join(ORDERING_TESTS)}"')
+    _run(arm64_work, "ordering", f"sh -c '{run}'", tmp_path)
+    output = (case / "run.out").read_text()
+    summary = output.splitlines()[-1]
+    assert summary.startswith(f"{len(ORDERING_TESTS)} passed, "), output
+    assert "failed" not in summary and "error" not in summary, output
