@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 from helpers import lacking
-from installed import CHECKOUT, INSTALL_TIMEOUT_S, WORK_PARENT, InstalledVenv, build_wheel
+from installed import CHECKOUT, INSTALL_TIMEOUT_S, WORK_PARENT, build_wheel
 from test_other_pythons import PROGRAMS, RUN_BLOCK, _blocks, run_in_root
 
 #: The arm64 root ``make arm64`` makes (scripts/ensure-arm64 ROOT) and keeps beside the venv.
@@ -98,19 +98,13 @@ def _need_arm64() -> None:
 
 
 @pytest.fixture(scope="session")
-def arm64_wheelhouse(installed_venv: InstalledVenv) -> Iterator[Path]:
-    """The tested wheelhouse with the aarch64 wheel of the same sdist and its dependencies'
-    aarch64 wheels added, as ``build_wheel.py --aarch64`` adds them, under /var/tmp."""
+def arm64_wheelhouse() -> Iterator[Path]:
+    """The wheelhouse ``make wheel`` builds (``build_wheel.build`` with ``aarch64``): both
+    wheels of one sdist and their dependencies' wheels for both machines, under /var/tmp."""
     _need_arm64()
     with tempfile.TemporaryDirectory(prefix="slipstream-arm64-", dir=WORK_PARENT) as folder:
         wheelhouse, log = Path(folder) / "wheelhouse", Path(folder) / "build.log"
-        shutil.copytree(installed_venv.wheelhouse, wheelhouse,
-                        ignore=shutil.ignore_patterns("sdist"))
-        env = build_wheel.clean_environment()
-        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent),
-                                       env.get("PATH", "/usr/bin:/bin")])
-        wheel = build_wheel.build_aarch64(installed_venv.sdist, wheelhouse, log, env)
-        build_wheel.download_dependencies(wheel, wheelhouse, log, env, another_machine=True)
+        build_wheel.build(wheelhouse, log, aarch64=True)
         yield wheelhouse
 
 
