@@ -36,10 +36,11 @@ config: install
 # and its dependencies' wheels, all in $(WHEELHOUSE) (the sdist in its sdist/):
 # `pip install --no-index --find-links wheelhouse slipstream` on the target.  With it the
 # aarch64 wheel of the same sdist and its dependencies' aarch64 wheels, built here by Debian's
-# cross compiler (make arm64 installs it, as root); AARCH64= leaves them out.
+# cross compiler (scripts/ensure-arm64 installs it, as root); AARCH64= leaves them out.
 WHEELHOUSE ?= wheelhouse
 AARCH64 ?= yes
-wheel: install $(if $(AARCH64),arm64,)
+wheel: install
+	$(if $(AARCH64),@scripts/ensure-arm64,)
 	$(BIN)/python scripts/build_wheel.py $(if $(AARCH64),--aarch64,) $(WHEELHOUSE)
 
 # The host's service (README, "Run it as a service"), as root, in a checkout at /opt/slipstream:

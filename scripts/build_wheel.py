@@ -134,7 +134,8 @@ def build_aarch64(sdist: Path, out: Path, log: Path | None, env: dict[str, str])
     if shutil.which(AARCH64_COMPILER) is None or not AARCH64_PYTHON_CONFIG.exists():
         raise SystemExit(f"build_wheel: the aarch64 build needs {AARCH64_COMPILER} and "
                          f"{AARCH64_PYTHON_CONFIG} (gcc-aarch64-linux-gnu, libssl-dev:arm64, "
-                         "libpython3.11-dev:arm64): `make arm64` installs them, as root")
+                         "libpython3.11-dev:arm64): `make arm64` installs them, as root; "
+                         "`make wheel AARCH64=` builds the x86_64 wheel alone")
     # CC replaces the compiler and its flags: the flags this CPython builds extensions with
     # (-fwrapv, -DNDEBUG, ...; gcc's, not the machine's) go back with the arm64 headers.
     cflags = sysconfig.get_config_var("CFLAGS") or ""
