@@ -5,7 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 DIR    ?=
 
-.PHONY: run test test-fast test-lane install install-service java aeron tools containers image \
+.PHONY: run test test-fast test-lane install install-service java aeron tools containers arm64 \
+        image \
         wheel lint bench clean config
 
 install: $(STAMP)
@@ -33,10 +34,14 @@ config: install
 # The wheel that installs with no compiler (README, "Install"; docs/OPERATIONS.md): the sdist,
 # the wheel from it, repaired by auditwheel into a manylinux one (OpenSSL's libcrypto inside),
 # and its dependencies' wheels, all in $(WHEELHOUSE) (the sdist in its sdist/):
-# `pip install --no-index --find-links wheelhouse slipstream` on the target.
+# `pip install --no-index --find-links wheelhouse slipstream` on the target.  With it the
+# aarch64 wheel of the same sdist and its dependencies' aarch64 wheels, built here by Debian's
+# cross compiler (scripts/ensure-arm64 installs it, as root); AARCH64= leaves them out.
 WHEELHOUSE ?= wheelhouse
+AARCH64 ?= yes
 wheel: install
-	$(BIN)/python scripts/build_wheel.py $(WHEELHOUSE)
+	$(if $(AARCH64),@scripts/ensure-arm64,)
+	$(BIN)/python scripts/build_wheel.py $(if $(AARCH64),--aarch64,) $(WHEELHOUSE)
 
 # The host's service (README, "Run it as a service"), as root, in a checkout at /opt/slipstream:
 # the slipstream user and group, .venv made anew from SERVICE_PYTHON (in place of a dev venv
@@ -77,19 +82,28 @@ image: containers $(if $(IMAGE_PYTHON),,install)
 containers:
 	@scripts/ensure-containers
 
+# The aarch64 wheel's cross build and the arm64 lane, as root (scripts/ensure-arm64): Debian's
+# cross compiler, the arm64 architecture with libssl-dev:arm64 and libpython3.11-dev:arm64,
+# qemu-user with its binfmt_misc entry, and $(ARM64_ROOT), an arm64 CPython unpacked from
+# bookworm's packages (under a minute; kept).
+ARM64_ROOT := $(VENV)/debian-bookworm-arm64
+arm64: install
+	@scripts/ensure-arm64 $(ARM64_ROOT)
+
 run: install
 	$(BIN)/slipstream demo $(if $(DIR),--dir $(DIR),)
 
 # The lanes run in groups side by side (scripts/run-lanes says which and why), each group's
 # report printed as it ends; Ctrl-C or a kill ends them all.
-test: install java aeron tools containers
+test: install java aeron tools containers arm64
 	$(BIN)/ruff check .
 	@scripts/run-lanes $(BIN)/python
 
 # Every test is in one lane (tests/conftest.py says which and why): unit, sim (the simulator),
 # sockets (real driver processes on this host), hosts (root: namespaces, iptables, other users,
 # systemd), interop (the stock Aeron driver), spark (a SparkSession), containers (the image
-# and its containers, podman as root).  `make test` runs them
+# and its containers, podman as root), arm64 (the aarch64 wheel under qemu-user, root).
+# `make test` runs them
 # all; `make test-fast` the two that need nothing but the venv; `make test-lane LANE=sockets`
 # one lane, or a marker expression: LANE="hosts or interop".  A lane's tools come first.
 LANE ?=
@@ -97,13 +111,14 @@ LANE_NEEDS_hosts   := tools
 LANE_NEEDS_interop := aeron
 LANE_NEEDS_spark   := java
 LANE_NEEDS_containers := containers
+LANE_NEEDS_arm64   := tools arm64
 
 # On both cores (pytest-xdist): the simulator's scenarios are CPU-bound, in virtual time.
 test-fast: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist worksteal -m "unit or sim"
 
 test-lane: install $(foreach word,$(LANE),$(LANE_NEEDS_$(word)))
-	@test -n "$(LANE)" || { echo "make test-lane LANE=unit|sim|sockets|hosts|interop|spark|containers" >&2; exit 2; }
+	@test -n "$(LANE)" || { echo "make test-lane LANE=unit|sim|sockets|hosts|interop|spark|containers|arm64" >&2; exit 2; }
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "$(LANE)"
 
 lint: install

@@ -1,6 +1,6 @@
 """``make wheel``: the wheel a machine without a compiler installs, and everything it needs.
 
-    python scripts/build_wheel.py [OUT]        (OUT: wheelhouse/ of the checkout by default)
+    python scripts/build_wheel.py [--aarch64] [OUT]   (OUT: the checkout's wheelhouse/)
 
 1. copies the tree's source files (what git tracks or would track) to a scratch directory, so
    the build writes nothing into the checkout;
@@ -11,7 +11,11 @@
    with the shared libraries it links that are not in the manylinux policy (OpenSSL's
    libcrypto) copied into it (``slipstream.libs/``);
 4. downloads the wheels of its dependencies (binary only) next to it, for each CPython
-   version pyproject.toml's classifiers name (:func:`wheelhouse_pythons`).
+   version pyproject.toml's classifiers name (:func:`wheelhouse_pythons`);
+5. with ``--aarch64``, the same for aarch64 from the same sdist (:func:`build_aarch64`): Debian's
+   cross compiler against the arm64 packages' headers and libraries (multiarch: ``make arm64``,
+   scripts/ensure-arm64), repaired into a ``manylinux_2_X_aarch64`` wheel with the aarch64
+   libcrypto inside, and its dependencies' aarch64 wheels.
 
 OUT then holds the repaired wheel and its dependencies' wheels, which install with no compiler
 and no network on each of those versions: ``pip install --no-index --find-links OUT
@@ -31,6 +35,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import tomllib
 from collections.abc import Sequence
@@ -109,8 +114,72 @@ def clean_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items()
             if not k.startswith(("PYTHON", "VIRTUAL_ENV", "PIP_USER", "MAKE"))}
 
-def build(out: Path, log: Path | None = None) -> tuple[Path, Path]:
-    """Build into ``out`` as the module's docstring says; the repaired wheel and the sdist."""
+#: Debian's cross compiler for aarch64 (gcc-aarch64-linux-gnu) and the Python headers of the
+#: arm64 CPython (libpython3.11-dev:arm64; its pyconfig.h picks aarch64's by the compiler's
+#: macros): the compiler finds the arm64 libcrypto and OpenSSL headers by multiarch itself.
+AARCH64_COMPILER = "aarch64-linux-gnu-gcc"
+AARCH64_PYTHON_INCLUDE = Path("/usr/include/python3.11")
+AARCH64_PYTHON_CONFIG = Path("/usr/include/aarch64-linux-gnu/python3.11/pyconfig.h")
+#: setuptools' name of the platform the aarch64 wheel is tagged for before its repair.
+AARCH64_PLATFORM = "linux_aarch64"
+
+
+def build_aarch64(sdist: Path, out: Path, log: Path | None, env: dict[str, str]) -> Path:
+    """The aarch64 wheel of ``sdist``, repaired into a manylinux one in ``out``: the sdist's
+    wheel built here by :data:`AARCH64_COMPILER` (setuptools compiles and links with ``CC`` and
+    ``LDSHARED``; build's isolated environment stays this machine's, only the tag is
+    aarch64's), then ``auditwheel repair``, which reads the ELF files and copies in the arm64
+    libcrypto that multiarch put in /usr/lib/aarch64-linux-gnu."""
+    python = Path(sys.executable)
+    if shutil.which(AARCH64_COMPILER) is None or not AARCH64_PYTHON_CONFIG.exists():
+        raise SystemExit(f"build_wheel: the aarch64 build needs {AARCH64_COMPILER} and "
+                         f"{AARCH64_PYTHON_CONFIG} (gcc-aarch64-linux-gnu, libssl-dev:arm64, "
+                         "libpython3.11-dev:arm64): `make arm64` installs them, as root; "
+                         "`make wheel AARCH64=` builds the x86_64 wheel alone")
+    # CC replaces the compiler and its flags: the flags this CPython builds extensions with
+    # (-fwrapv, -DNDEBUG, ...; gcc's, not the machine's) go back with the arm64 headers.
+    cflags = sysconfig.get_config_var("CFLAGS") or ""
+    cross = {**env, "CC": AARCH64_COMPILER, "LDSHARED": f"{AARCH64_COMPILER} -shared",
+             "CFLAGS": f"{cflags} -I{AARCH64_PYTHON_INCLUDE}"}
+    with tempfile.TemporaryDirectory(prefix="slipstream-wheel-aarch64-") as scratch:
+        dist, repaired = Path(scratch) / "dist", Path(scratch) / "repaired"
+        _run([python, "-m", "build", "--wheel", "--outdir", dist,
+              f"--config-setting=--build-option=--plat-name={AARCH64_PLATFORM}", sdist],
+             log, cross)
+        (wheel,) = dist.glob(f"{FILE_PREFIX}*.whl")
+        _run([python, "-m", "auditwheel", "repair", "--wheel-dir", repaired, wheel], log, env)
+        (made,) = repaired.glob(f"{FILE_PREFIX}*.whl")
+        shutil.move(made, out / made.name)
+    return out / made.name
+
+
+def download_dependencies(wheel: Path, out: Path, log: Path | None, env: dict[str, str],
+                          another_machine: bool = False) -> None:
+    """The wheels of ``wheel``'s dependencies (binary only) into ``out``, for each CPython
+    version of :func:`wheelhouse_pythons`; for ``wheel``'s platform (:func:`platform_tags`)
+    when it is ``another_machine``'s, else for this machine."""
+    python = Path(sys.executable)
+    platform = [arg for tag in platform_tags(wheel) for arg in ("--platform", tag)] \
+        if another_machine else []
+    for version in wheelhouse_pythons():
+        _run([python, "-m", "pip", "download", "--disable-pip-version-check", "--only-binary",
+              ":all:", "--python-version", version, *platform, "--dest", out, wheel], log, env)
+
+
+def platform_tags(wheel: Path) -> list[str]:
+    """The manylinux tags whose wheels install where ``wheel`` does: its own (the first of a
+    compressed set) and every older glibc's down to manylinux2014's 2.17, with that legacy
+    name too (pip takes each ``--platform`` as it is, without the older ones)."""
+    tag = wheel.name.removesuffix(".whl").split("-")[-1].split(".")[0]
+    _, _, minor, machine = tag.split("_", 3)
+    return [*(f"manylinux_2_{m}_{machine}" for m in range(int(minor), 16, -1)),
+            f"manylinux2014_{machine}"]
+
+
+def build(out: Path, log: Path | None = None, aarch64: bool = False) -> tuple[Path, Path]:
+    """Build into ``out`` as the module's docstring says; the repaired wheel and the sdist.
+    With ``aarch64`` the aarch64 wheel (:func:`build_aarch64`) and its dependencies' wheels
+    go there too."""
     python = Path(sys.executable)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sdist").mkdir(exist_ok=True)
@@ -131,9 +200,10 @@ def build(out: Path, log: Path | None = None) -> tuple[Path, Path]:
         _run([python, "-m", "auditwheel", "repair", "--wheel-dir", out, wheel], log, env)
         (repaired,) = out.glob(f"{FILE_PREFIX}*.whl")
         shutil.copy2(sdist, out / "sdist" / sdist.name)
-    for version in wheelhouse_pythons():
-        _run([python, "-m", "pip", "download", "--disable-pip-version-check", "--only-binary",
-              ":all:", "--python-version", version, "--dest", out, repaired], log, env)
+    download_dependencies(repaired, out, log, env)
+    if aarch64:
+        wheel = build_aarch64(out / "sdist" / sdist.name, out, log, env)
+        download_dependencies(wheel, out, log, env, another_machine=True)
     return repaired, out / "sdist" / sdist.name
 
 
@@ -143,6 +213,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("out", nargs="?", type=Path, default=CHECKOUT / "wheelhouse",
                         help="where the wheels go (default: %(default)s)")
     parser.add_argument("--log", type=Path, help="append the steps' output there")
+    parser.add_argument("--aarch64", action="store_true",
+                        help="build the aarch64 wheel too, with Debian's cross compiler "
+                             "(make arm64 installs it)")
     parser.add_argument("--source-hash", action="store_true",
                         help="print the hash of the source files (the image's tag) and build "
                              "nothing")
@@ -150,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.source_hash:
         print(source_hash())
         return 0
-    wheel, sdist = build(args.out.resolve(), args.log)
+    wheel, sdist = build(args.out.resolve(), args.log, args.aarch64)
     print(f"{wheel}\n{sdist}")
     return 0
 

@@ -140,6 +140,8 @@ def hosts(request: pytest.FixtureRequest, needs_hosts: None):  # -> Iterator[Nam
 #   spark    a SparkSession
 #   containers  slipstream's image and containers of it (podman, as root), on this host or on
 #            namespace hosts
+#   arm64    the aarch64 wheel, its driver and clients under qemu-user in an arm64 root (root;
+#            make arm64)
 #
 # ``make test-fast`` runs ``-m "unit or sim"``, ``make test-lane LANE=x`` one lane, and
 # ``make test`` every lane, in groups side by side (scripts/run-lanes).  A module's lane is
@@ -147,11 +149,12 @@ def hosts(request: pytest.FixtureRequest, needs_hosts: None):  # -> Iterator[Nam
 # module's ``pytestmark``), or, in the modules listed in TEST_LANES, there.  A module missing
 # from MODULE_LANES fails the collection.
 
-LANES = ("unit", "sim", "sockets", "hosts", "interop", "spark", "containers")
+LANES = ("unit", "sim", "sockets", "hosts", "interop", "spark", "containers", "arm64")
 
 MODULE_LANES = {
     "test_aeron_peer": "interop",
     "test_archive": "sockets",
+    "test_arm64": "arm64",
     "test_archive_disk_full": "hosts",
     "test_archive_units": "unit",
     "test_archive_stream_retention": "unit",

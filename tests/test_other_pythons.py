@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,20 @@ def _root() -> Path:
     return ROOT_CACHE
 
 
+def run_in_root(root: Path, work: Path, script: str, scratch: Path, timeout: float,
+                prefix: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
+    """``script`` (sh) run as root in the Debian root ``root`` (:data:`NAMESPACE_SCRIPT`: an
+    overlay of it whose writes land in a tmpfs at the empty folder ``scratch``, with ``work``
+    at /work, as /work/inside.sh), in a mount and pid namespace of its own that ends every
+    process it started; its output captured.  ``prefix`` runs it in another network
+    namespace (``Host.prefix()``: a namespace host's)."""
+    (work / "inside.sh").write_text(script)
+    return subprocess.run(
+        [*prefix, "unshare", "--mount", "--pid", "--fork", "--kill-child", "--propagation",
+         "private", "sh", "-c", NAMESPACE_SCRIPT, "sh", str(root), str(scratch), str(work)],
+        capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
 def _blocks() -> dict[str, str]:
     """The tutorial's programs and the block that runs them, by name; and its output."""
     blocks = {b.name if b.mark == "block" else f"{b.name} output": b.text
@@ -147,14 +162,10 @@ def test_debians_python_3_13_installs_the_wheel_and_runs_the_tutorials_programs(
     for name in PROGRAMS:
         (work / name).write_text(blocks[name])
     (work / "run.sh").write_text(blocks[RUN_BLOCK])
-    (work / "inside.sh").write_text(INSIDE_SCRIPT.format(
-        compilers=" ".join(COMPILERS), suite=SUITE))
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    ran = subprocess.run(
-        ["unshare", "--mount", "--pid", "--fork", "--kill-child", "--propagation", "private",
-         "sh", "-c", NAMESPACE_SCRIPT, "sh", str(root), str(scratch), str(work)],
-        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    ran = run_in_root(root, work, INSIDE_SCRIPT.format(compilers=" ".join(COMPILERS),
+                                                       suite=SUITE), scratch, timeout=600)
     assert ran.returncode == 0, f"exited {ran.returncode}:\n{ran.stdout}\n{ran.stderr}"
     lines = ran.stdout.splitlines()
     assert f"python {SUITE_PYTHON[0]} {SUITE_PYTHON[1]}" in lines, ran.stdout
