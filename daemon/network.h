@@ -854,6 +854,9 @@ typedef struct {
      * SETUP at once, which a peer that just got its session dropped the last of). */
     ss_crypto_t *crypto;
     int32_t handshake_taken;
+    /* The network thread's loop found the socket readable in its poll of this stamp
+     * (ss_agent_t.ready_stamp): a duty cycle of that poll reads it. */
+    int64_t ready_stamp;
 } ss_receiver_t;
 
 /* ------------------------------------------------- the channel endpoints' sends, for Python */
@@ -948,6 +951,22 @@ typedef struct {
     /* The pressure governor: the lowest band (priority < 0) gets no turn and does not age (its
      * new data waits in the log; its retransmissions still go). */
     int32_t defer_lowest_band;
+    /* 0: a duty cycle reads every endpoint (the simulator's, an embedded driver's); else the
+     * network thread's loop polled its epoll (ss_duty_loop_once) and the cycle reads the
+     * endpoints whose socket it found readable (ss_receiver_t.ready_stamp equal to this), and
+     * the encrypted ones (their sealing keeps timers).  receivers_by_fd (receivers_by_fd_count
+     * slots, NULL where no endpoint has that fd) is how the loop finds them; Python sizes and
+     * fills it with the arrays. */
+    int64_t ready_stamp;
+    ss_receiver_t **receivers_by_fd;
+    int32_t receivers_by_fd_count;
+    /* The sender's marks of its send sockets per pass, indexed by fd (2 per fd: the pass
+     * that found data on it, the pass that served it; socket_mark_count fds), so that a pass
+     * groups its publications by socket in one sweep; Python sizes it with the arrays. */
+    int64_t *socket_marks;
+    int32_t socket_mark_count;
+    int64_t socket_pass;
+    int64_t endpoints_read;       /* out: endpoints read since the loop last took them */
 } ss_agent_t;
 
 /* One duty cycle at now_ns: a receiver reads every endpoint with a socket (fd >= 0); a sender
@@ -1001,7 +1020,21 @@ typedef struct {
      * taken (a thread that stopped parking on its timer has no news of its lag). */
     int64_t lag_ns;
     int64_t lag_sampled_ns;
+    /* Its poll of the readable sockets (SS_POLL_ENDPOINTS_MIN endpoints or more): the
+     * events array (poll_capacity of them, Python's) and the stamp of the last poll. */
+    void *poll_events;
+    int32_t poll_capacity;
+    int64_t poll_stamp;
+    int64_t *endpoint_reads;      /* NETWORK_ENDPOINT_READS: endpoints its cycles read, or NULL */
 } ss_duty_loop_t;
+
+/* The size of one epoll event (struct epoll_event), for the poll's array. */
+int32_t ss_epoll_event_size(void);
+
+/* From this many endpoints a network thread's loop asks epoll which sockets are readable, one
+ * system call a cycle, and reads only those (Aeron's transport poller): an idle endpoint costs
+ * its cycles nothing.  Below it, reading each socket costs less than the poll. */
+#define SS_POLL_ENDPOINTS_MIN 8
 
 /* Run duty cycles until an agent's Python half is due or the loop is stopping; returns the
  * SS_DUE_* bits of all agents (SS_DUE_STOP when stopping).  Runs without the GIL. */
