@@ -967,7 +967,19 @@ typedef struct {
     int32_t socket_mark_count;
     int64_t socket_pass;
     int64_t endpoints_read;       /* out: endpoints read since the loop last took them */
+    /* The sender's heartbeat timers: a binary min-heap of publication indices (heartbeat_heap,
+     * heartbeat_count of them; Python gives it room for every publication) keyed by when each
+     * is next due (heartbeat_keys: time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS as of its
+     * keying, never later than the truth, since a send only moves it on).  A duty cycle looks
+     * at the publications whose key came, not at every one. */
+    int32_t *heartbeat_heap;
+    int64_t *heartbeat_keys;
+    int32_t heartbeat_count;
 } ss_agent_t;
+
+/* Key the heartbeat timers anew from the publications that send their heartbeats in C
+ * (heartbeat_in_c): after each Python pass, which sets that flag and the arrays. */
+void ss_agent_schedule_heartbeats(ss_agent_t *a);
 
 /* One duty cycle at now_ns: a receiver reads every endpoint with a socket (fd >= 0); a sender
  * sends what each publication with a socket has ready (retransmissions first) and reads its

@@ -540,10 +540,55 @@ int32_t ss_publication_heartbeat(ss_send_publication_t *p, int64_t now_ns) {
 }
 
 /* The heartbeats of every publication (ss_publication_heartbeat). */
+/* Restore the heap order of the heartbeat timers below slot k. */
+static void heartbeat_sift_down(ss_agent_t *a, int32_t k) {
+    int32_t *heap = a->heartbeat_heap;
+    int64_t *keys = a->heartbeat_keys;
+    const int32_t count = a->heartbeat_count;
+    for (;;) {
+        const int32_t left = 2 * k + 1, right = left + 1;
+        int32_t least = k;
+        if (left < count && keys[left] < keys[least]) least = left;
+        if (right < count && keys[right] < keys[least]) least = right;
+        if (least == k) return;
+        const int32_t index = heap[k];
+        const int64_t key = keys[k];
+        heap[k] = heap[least], keys[k] = keys[least];
+        heap[least] = index, keys[least] = key;
+        k = least;
+    }
+}
+
+void ss_agent_schedule_heartbeats(ss_agent_t *a) {
+    int32_t count = 0;
+    if (a->heartbeat_heap != NULL)
+        for (int32_t i = 0; i < a->publication_count; i++) {
+            const ss_send_publication_t *p = a->publications[i];
+            if (!p->heartbeat_in_c) continue;
+            a->heartbeat_heap[count] = i;
+            a->heartbeat_keys[count++] = p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS;
+        }
+    a->heartbeat_count = count;
+    for (int32_t k = count / 2 - 1; k >= 0; k--) heartbeat_sift_down(a, k);
+}
+
+/* The heartbeats due: the publications whose timer came, each keyed again (or dropped from the
+ * timers once it no longer sends them in C, until the next Python pass keys them anew). */
 static int32_t heartbeats(ss_agent_t *a, int64_t now_ns) {
     int32_t sent = 0;
-    for (int32_t i = 0; i < a->publication_count; i++)
-        sent += ss_publication_heartbeat(a->publications[i], now_ns);
+    while (a->heartbeat_count > 0 && a->heartbeat_keys[0] <= now_ns) {
+        ss_send_publication_t *p = a->publications[a->heartbeat_heap[0]];
+        sent += ss_publication_heartbeat(p, now_ns);
+        if (p->heartbeat_in_c) {
+            const int64_t due = p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS;
+            a->heartbeat_keys[0] = due > now_ns ? due : now_ns + 1; /* unsent: the next cycle */
+        } else {
+            const int32_t last = --a->heartbeat_count;
+            a->heartbeat_heap[0] = a->heartbeat_heap[last];
+            a->heartbeat_keys[0] = a->heartbeat_keys[last];
+        }
+        heartbeat_sift_down(a, 0);
+    }
     return sent;
 }
 
