@@ -268,6 +268,9 @@ class SystemCounter(enum.IntEnum):
     # memory the driver's kept released logs hold now, bytes (a gauge, at most
     # log_reuse_bytes)
     RELEASED_LOG_BYTES = 81
+    # endpoints the network threads' duty cycles read (one or more recvmmsg calls each): with
+    # many endpoints a cycle reads those epoll finds readable, not every one
+    NETWORK_ENDPOINT_READS = 82
 
     @property
     def label(self) -> str:

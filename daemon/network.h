@@ -854,6 +854,9 @@ typedef struct {
      * SETUP at once, which a peer that just got its session dropped the last of). */
     ss_crypto_t *crypto;
     int32_t handshake_taken;
+    /* The network thread's loop found the socket readable in its poll of this stamp
+     * (ss_agent_t.ready_stamp): a duty cycle of that poll reads it. */
+    int64_t ready_stamp;
 } ss_receiver_t;
 
 /* ------------------------------------------------- the channel endpoints' sends, for Python */
@@ -948,7 +951,35 @@ typedef struct {
     /* The pressure governor: the lowest band (priority < 0) gets no turn and does not age (its
      * new data waits in the log; its retransmissions still go). */
     int32_t defer_lowest_band;
+    /* 0: a duty cycle reads every endpoint (the simulator's, an embedded driver's); else the
+     * network thread's loop polled its epoll (ss_duty_loop_once) and the cycle reads the
+     * endpoints whose socket it found readable (ss_receiver_t.ready_stamp equal to this), and
+     * the encrypted ones (their sealing keeps timers).  receivers_by_fd (receivers_by_fd_count
+     * slots, NULL where no endpoint has that fd) is how the loop finds them; Python sizes and
+     * fills it with the arrays. */
+    int64_t ready_stamp;
+    ss_receiver_t **receivers_by_fd;
+    int32_t receivers_by_fd_count;
+    /* The sender's marks of its send sockets per pass, indexed by fd (2 per fd: the pass
+     * that found data on it, the pass that served it; socket_mark_count fds), so that a pass
+     * groups its publications by socket in one sweep; Python sizes it with the arrays. */
+    int64_t *socket_marks;
+    int32_t socket_mark_count;
+    int64_t socket_pass;
+    int64_t endpoints_read;       /* out: endpoints read since the loop last took them */
+    /* The sender's heartbeat timers: a binary min-heap of publication indices (heartbeat_heap,
+     * heartbeat_count of them; Python gives it room for every publication) keyed by when each
+     * is next due (heartbeat_keys: time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS as of its
+     * keying, never later than the truth, since a send only moves it on).  A duty cycle looks
+     * at the publications whose key came, not at every one. */
+    int32_t *heartbeat_heap;
+    int64_t *heartbeat_keys;
+    int32_t heartbeat_count;
 } ss_agent_t;
+
+/* Key the heartbeat timers anew from the publications that send their heartbeats in C
+ * (heartbeat_in_c): after each Python pass, which sets that flag and the arrays. */
+void ss_agent_schedule_heartbeats(ss_agent_t *a);
 
 /* One duty cycle at now_ns: a receiver reads every endpoint with a socket (fd >= 0); a sender
  * sends what each publication with a socket has ready (retransmissions first) and reads its
@@ -1001,7 +1032,21 @@ typedef struct {
      * taken (a thread that stopped parking on its timer has no news of its lag). */
     int64_t lag_ns;
     int64_t lag_sampled_ns;
+    /* Its poll of the readable sockets (SS_POLL_ENDPOINTS_MIN endpoints or more): the
+     * events array (poll_capacity of them, Python's) and the stamp of the last poll. */
+    void *poll_events;
+    int32_t poll_capacity;
+    int64_t poll_stamp;
+    int64_t *endpoint_reads;      /* NETWORK_ENDPOINT_READS: endpoints its cycles read, or NULL */
 } ss_duty_loop_t;
+
+/* The size of one epoll event (struct epoll_event), for the poll's array. */
+int32_t ss_epoll_event_size(void);
+
+/* From this many endpoints a network thread's loop asks epoll which sockets are readable, one
+ * system call a cycle, and reads only those (Aeron's transport poller): an idle endpoint costs
+ * its cycles nothing.  Below it, reading each socket costs less than the poll. */
+#define SS_POLL_ENDPOINTS_MIN 8
 
 /* Run duty cycles until an agent's Python half is due or the loop is stopping; returns the
  * SS_DUE_* bits of all agents (SS_DUE_STOP when stopping).  Runs without the GIL. */

@@ -22,9 +22,11 @@ static int64_t clock_ns(void) {
 
 /* Read an endpoint's socket until it is empty, its datagrams for Python wait, or the batch
  * limit; returns the datagrams received. */
-static int32_t receive_endpoint(ss_receiver_t *r, int64_t now_ns) {
+static int32_t receive_endpoint(ss_agent_t *a, ss_receiver_t *r, int64_t now_ns) {
     if (r->crypto != NULL) ss_crypto_tick(r->crypto); /* this thread seals and opens for it */
+    else if (a->ready_stamp != 0 && r->ready_stamp != a->ready_stamp) return 0; /* no input */
     if (r->fd < 0 || r->pending_count > 0 || r->failed || r->pending == NULL) return 0;
+    a->endpoints_read++;
     int32_t total = 0;
     for (int32_t call = 0; call < SS_MAX_RECEIVE_CALLS; call++) {
         int32_t received = ss_receiver_recv(r, r->fd, now_ns, r->pending, &r->pending_count);
@@ -131,6 +133,11 @@ static int32_t serve_socket(ss_agent_t *a, ss_band_round_t *round, int32_t fd, i
     return sent_total;
 }
 
+/* The marks of send socket fd (ss_agent_t.socket_marks), or NULL beyond them. */
+static inline int64_t *socket_marks(ss_agent_t *a, int32_t fd) {
+    return fd >= 0 && fd < a->socket_mark_count ? a->socket_marks + 2 * (int64_t)fd : NULL;
+}
+
 static int32_t send_publications(ss_agent_t *a, int64_t now_ns, int retransmits_only,
                                  int virtual) {
     int32_t sent_total = 0;
@@ -152,20 +159,33 @@ static int32_t send_publications(ss_agent_t *a, int64_t now_ns, int retransmits_
         return sent_total;
     }
     /* One round per send socket, in the first of its publications: the bands divide what a
-     * socket takes, and a socket held by a bottleneck must not hold the others back. */
+     * socket takes, and a socket held by a bottleneck must not hold the others back.  The
+     * sockets with data are marked in one sweep, then each is served once (the simulator's
+     * pass has one socket). */
+    const int64_t pass = ++a->socket_pass;
+    int virtual_ready = 0, virtual_served = 0;
+    for (int32_t i = 0; i < a->publication_count; i++) {
+        ss_send_publication_t *p = a->publications[i];
+        if (!in_pass(p, virtual) || !ss_has_data_ready(p)) continue;
+        int64_t *marks = socket_marks(a, p->fd);
+        if (virtual) virtual_ready = 1;
+        else if (marks != NULL) marks[0] = pass;
+    }
     for (int32_t i = 0; i < a->publication_count; i++) {
         ss_send_publication_t *first = a->publications[i];
         if (!in_pass(first, virtual)) continue;
-        const int32_t fd = first->fd;
-        int seen_before = 0;
-        for (int32_t j = 0; j < i && !seen_before; j++)
-            seen_before = on_socket(a->publications[j], fd, virtual);
-        if (seen_before) continue;
-        int any_ready = 0;
-        for (int32_t j = i; j < a->publication_count && !any_ready; j++)
-            any_ready = on_socket(a->publications[j], fd, virtual) &&
-                        ss_has_data_ready(a->publications[j]);
-        if (any_ready) sent_total += serve_socket(a, &first->round, fd, now_ns, virtual);
+        int any_ready = 1; /* a socket beyond the marks: its round looks for itself */
+        int64_t *marks = socket_marks(a, first->fd);
+        if (virtual) {
+            if (virtual_served) continue;
+            virtual_served = 1;
+            any_ready = virtual_ready;
+        } else if (marks != NULL) {
+            if (marks[1] == pass) continue; /* served in its first publication */
+            marks[1] = pass;
+            any_ready = marks[0] == pass;
+        }
+        if (any_ready) sent_total += serve_socket(a, &first->round, first->fd, now_ns, virtual);
     }
     /* Aging: a publication with data that got nothing since it was last served waits on. */
     for (int32_t i = 0; i < a->publication_count; i++) {
@@ -204,7 +224,7 @@ int32_t ss_agent_do_work(ss_agent_t *a, int64_t now_ns) {
         if (ss_sender_status_poll_due(a, sent)) {
             int32_t received = 0;
             for (int32_t i = 0; i < a->endpoint_count; i++)
-                received += receive_endpoint(a->endpoints[i], now_ns);
+                received += receive_endpoint(a, a->endpoints[i], now_ns);
             work += received;
             /* The NAKs just answered queued retransmissions: they go now, not a cycle of new
              * data later (a gap pins the receiver's window until it is repaired). */
@@ -213,7 +233,7 @@ int32_t ss_agent_do_work(ss_agent_t *a, int64_t now_ns) {
         work += sent + heartbeats(a, now_ns) + publisher_limits(a);
     } else {
         for (int32_t i = 0; i < a->endpoint_count; i++)
-            work += receive_endpoint(a->endpoints[i], now_ns);
+            work += receive_endpoint(a, a->endpoints[i], now_ns);
         work += rebuild_images(a, now_ns);
         work += status_messages(a, now_ns);
     }
@@ -520,10 +540,55 @@ int32_t ss_publication_heartbeat(ss_send_publication_t *p, int64_t now_ns) {
 }
 
 /* The heartbeats of every publication (ss_publication_heartbeat). */
+/* Restore the heap order of the heartbeat timers below slot k. */
+static void heartbeat_sift_down(ss_agent_t *a, int32_t k) {
+    int32_t *heap = a->heartbeat_heap;
+    int64_t *keys = a->heartbeat_keys;
+    const int32_t count = a->heartbeat_count;
+    for (;;) {
+        const int32_t left = 2 * k + 1, right = left + 1;
+        int32_t least = k;
+        if (left < count && keys[left] < keys[least]) least = left;
+        if (right < count && keys[right] < keys[least]) least = right;
+        if (least == k) return;
+        const int32_t index = heap[k];
+        const int64_t key = keys[k];
+        heap[k] = heap[least], keys[k] = keys[least];
+        heap[least] = index, keys[least] = key;
+        k = least;
+    }
+}
+
+void ss_agent_schedule_heartbeats(ss_agent_t *a) {
+    int32_t count = 0;
+    if (a->heartbeat_heap != NULL)
+        for (int32_t i = 0; i < a->publication_count; i++) {
+            const ss_send_publication_t *p = a->publications[i];
+            if (!p->heartbeat_in_c) continue;
+            a->heartbeat_heap[count] = i;
+            a->heartbeat_keys[count++] = p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS;
+        }
+    a->heartbeat_count = count;
+    for (int32_t k = count / 2 - 1; k >= 0; k--) heartbeat_sift_down(a, k);
+}
+
+/* The heartbeats due: the publications whose timer came, each keyed again (or dropped from the
+ * timers once it no longer sends them in C, until the next Python pass keys them anew). */
 static int32_t heartbeats(ss_agent_t *a, int64_t now_ns) {
     int32_t sent = 0;
-    for (int32_t i = 0; i < a->publication_count; i++)
-        sent += ss_publication_heartbeat(a->publications[i], now_ns);
+    while (a->heartbeat_count > 0 && a->heartbeat_keys[0] <= now_ns) {
+        ss_send_publication_t *p = a->publications[a->heartbeat_heap[0]];
+        sent += ss_publication_heartbeat(p, now_ns);
+        if (p->heartbeat_in_c) {
+            const int64_t due = p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS;
+            a->heartbeat_keys[0] = due > now_ns ? due : now_ns + 1; /* unsent: the next cycle */
+        } else {
+            const int32_t last = --a->heartbeat_count;
+            a->heartbeat_heap[0] = a->heartbeat_heap[last];
+            a->heartbeat_keys[0] = a->heartbeat_keys[last];
+        }
+        heartbeat_sift_down(a, 0);
+    }
     return sent;
 }
 
@@ -847,13 +912,49 @@ static void park(ss_duty_loop_t *l, int64_t now_ns) {
         }
 }
 
+int32_t ss_epoll_event_size(void) { return (int32_t)sizeof(struct epoll_event); }
+
+/* Mark the endpoints whose sockets epoll finds readable with a new stamp, and give it the
+ * agents (ss_agent_t.ready_stamp): their cycle reads only those.  Stamp 0, every endpoint read,
+ * below SS_POLL_ENDPOINTS_MIN endpoints, without the poll's arrays, or when the poll failed or
+ * filled its array (a readable socket may be missing from it). */
+static void poll_readable(ss_duty_loop_t *l) {
+    int32_t endpoints = 0;
+    for (int32_t i = 0; i < l->agent_count; i++) endpoints += l->agents[i]->endpoint_count;
+    int64_t stamp = 0;
+    if (l->epoll_fd >= 0 && l->poll_events != NULL && endpoints >= SS_POLL_ENDPOINTS_MIN) {
+        struct epoll_event *events = l->poll_events;
+        const int ready = epoll_wait(l->epoll_fd, events, l->poll_capacity, 0);
+        if (ready >= 0 && ready < l->poll_capacity) {
+            stamp = ++l->poll_stamp;
+            for (int k = 0; k < ready; k++) {
+                const int fd = events[k].data.fd;
+                for (int32_t i = 0; i < l->agent_count; i++) {
+                    const ss_agent_t *a = l->agents[i];
+                    ss_receiver_t *r = fd >= 0 && fd < a->receivers_by_fd_count
+                                           ? a->receivers_by_fd[fd] : NULL;
+                    if (r != NULL && r->fd == fd) r->ready_stamp = stamp;
+                }
+            }
+        }
+    }
+    for (int32_t i = 0; i < l->agent_count; i++) {
+        ss_agent_t *a = l->agents[i];
+        a->ready_stamp = a->receivers_by_fd != NULL ? stamp : 0;
+    }
+}
+
 int32_t ss_duty_loop_once(ss_duty_loop_t *l) {
     const int64_t now_ns = clock_ns();
     int32_t work = 0;
     int32_t due = 0;
+    poll_readable(l);
     for (int32_t i = 0; i < l->agent_count; i++) {
-        work += ss_agent_do_work(l->agents[i], now_ns);
-        due |= l->agents[i]->due;
+        ss_agent_t *a = l->agents[i];
+        work += ss_agent_do_work(a, now_ns);
+        due |= a->due;
+        if (a->endpoints_read && l->endpoint_reads) count(l->endpoint_reads, a->endpoints_read);
+        a->endpoints_read = 0;
     }
     l->now_ns = now_ns;
     l->due = due;

@@ -8,11 +8,19 @@ import os
 import time
 from pathlib import Path
 
-from helpers import counters_of, runnable_s, timeslices, voluntary_switches, wait_for
+from helpers import (
+    counters_of,
+    free_port,
+    runnable_s,
+    timeslices,
+    voluntary_switches,
+    wait_for,
+)
 
 from slipstream.client import Client
 from slipstream.daemon.config import load_settings
 from slipstream.daemon.driver import MediaDriver
+from slipstream.daemon.pressure.governor import STATUS_INTERVAL_FACTOR
 
 
 def test_an_idle_driver_sleeps_between_its_timers(driver_dir: Path) -> None:
@@ -86,3 +94,46 @@ def test_a_calm_driver_wakes_only_for_its_conductor_cycles(driver_dir: Path) -> 
     assert client_thread <= 2 * (4.0 // EVENTS_SAFETY_NET_S + 1) + 1, (
         f"the client's thread woke {client_thread} times")
 
+
+
+def test_an_idle_drivers_duty_cycles_read_only_the_sockets_with_input(driver_dir: Path) -> None:
+    """With many UDP streams open and idle, a network thread's duty cycle reads only the
+    endpoints whose sockets have input (epoll says which, one system call a cycle), not every
+    endpoint: its endpoint reads follow the datagrams that arrive (each stream's heartbeats
+    and status messages, which this driver sends itself over loopback), not its cycles times
+    its endpoints, which reading each socket every cycle costs.  The heartbeats and status
+    messages still go at their intervals."""
+    from slipstream.daemon._network import lib as network
+
+    pairs = 16  # 32 endpoints (a send and a receive endpoint each)
+    assert 2 * pairs >= 4 * network.SS_POLL_ENDPOINTS_MIN
+    window_s = 2.0
+    with MediaDriver.launch(directory=driver_dir) as driver, Client.connect(driver_dir) as client:
+        streams = []
+        for i in range(pairs):
+            uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+            streams.append((client.add_subscription(uri, 100 + i),
+                            client.add_publication(uri, 100 + i)))
+        wait_for(lambda: all(p.is_connected and s.images for s, p in streams), timeout=30,
+                 what="every stream connected")
+        time.sleep(0.5)  # the SETUPs answered, idle
+        before = counters_of(driver)
+        time.sleep(window_s)
+        after = counters_of(driver)
+    moved = {name: after[name] - before[name] for name in (
+        "NETWORK_DUTY_CYCLES", "NETWORK_ENDPOINT_READS", "HEARTBEATS_SENT",
+        "STATUS_MESSAGES_SENT")}
+    cycles, reads = moved["NETWORK_DUTY_CYCLES"], moved["NETWORK_ENDPOINT_READS"]
+    datagrams = moved["HEARTBEATS_SENT"] + moved["STATUS_MESSAGES_SENT"]
+    # A heartbeat every 100 ms and a status message every status_message_timeout per stream,
+    # at least half of them on a loaded machine, whose pressure governor may widen the status
+    # messages' interval.
+    sm_interval_s = load_settings(env={}).status_message_timeout / 1e9 * STATUS_INTERVAL_FACTOR
+    assert moved["HEARTBEATS_SENT"] >= pairs * window_s / 0.1 / 2, moved
+    assert moved["STATUS_MESSAGES_SENT"] >= pairs * window_s / sm_interval_s / 2, moved
+    # Each read takes at least one datagram, but for a socket whose readiness outlived its
+    # datagram (a margin of one per endpoint).  Reading every socket each cycle made at least
+    # `pairs` reads a cycle (the receive endpoints).
+    assert reads <= datagrams + 2 * pairs, f"{reads} endpoint reads for {datagrams} datagrams"
+    assert cycles * pairs > datagrams + 2 * pairs, (
+        f"{cycles} cycles: too few to tell reading each socket a cycle from this")

@@ -140,10 +140,31 @@ class Agent(Generic[Endpoint, Command]):
                       network_ffi.new("ss_send_publication_t *[]", publications or 1))
             c.endpoints, c.images, c.publications = arrays
             c.endpoint_count, c.image_count, c.publication_count = map(len, members)
-            self._arrays = arrays  # alive while the C half may read them
+            self._arrays = (*arrays, *self._by_fd(receivers, publications))
         self._has_virtual_io = self._virtual_members()
+        network.ss_agent_schedule_heartbeats(self.c)
         self.c.python_deadline_ns = 0
         self.c.python_deadline_ns = python_deadline_ns()
+
+    def _by_fd(self, receivers: list, publications: list) -> tuple[object, ...]:
+        """The C half's tables sized by the arrays: each endpoint by its fd (the network
+        thread's poll marks those readable), the send sockets' marks (a pass groups its
+        publications by socket) and the heartbeat timers' heap (ss_agent_t); returns them, to
+        keep alive while the C half reads them."""
+        c = self.c
+        by_fd_count = 1 + max((r.fd for r in receivers), default=-1)
+        by_fd = network_ffi.new("ss_receiver_t *[]", max(1, by_fd_count))
+        for receiver in receivers:
+            if receiver.fd >= 0:
+                by_fd[receiver.fd] = receiver
+        c.receivers_by_fd, c.receivers_by_fd_count = by_fd, by_fd_count
+        mark_count = 1 + max((p.fd for p in publications), default=-1)
+        marks = network_ffi.new("int64_t[]", 2 * max(1, mark_count))
+        c.socket_marks, c.socket_mark_count, c.socket_pass = marks, mark_count, 0
+        heap = network_ffi.new("int32_t[]", max(1, len(publications)))
+        keys = network_ffi.new("int64_t[]", max(1, len(publications)))
+        c.heartbeat_heap, c.heartbeat_keys, c.heartbeat_count = heap, keys, 0
+        return by_fd, marks, heap, keys
 
     def next_deadline_ns(self) -> int:
         """When a duty cycle is next due with no input (0: now; NO_DEADLINE: none): what the

@@ -70,6 +70,7 @@ def new_duty_loop(agents: Sequence[Sender | Receiver], counters: CountersFile, *
     c.work_cycles = counters.address(SystemCounter.NETWORK_WORK_CYCLES)
     c.busy_ns = (counters.address(SystemCounter.NETWORK_BUSY_NS) if count_busy
                  else network_ffi.NULL)
+    c.endpoint_reads = counters.address(SystemCounter.NETWORK_ENDPOINT_READS)
     return c, agents_c
 
 
@@ -90,6 +91,7 @@ class NetworkThread:
         for doorbell in self.doorbells:
             self._epoll.register(doorbell.fileno(), select.EPOLLIN)
         self._registered: dict[object, int] = {}  # id(transport) (or a socket of one) -> fd
+        self._poll_events: Any = None  # the loop's poll array (ss_duty_loop_t.poll_events)
         #: The C loop (ss_duty_loop_t): its agents' C halves, the idle strategy and the park.
         c, self._agents_c = new_duty_loop(self.agents, counters)
         self.c = c
@@ -193,6 +195,14 @@ class NetworkThread:
                     wanted[(id(transport), generation, fd)] = fd
         if wanted == self._registered:
             return
+        # Room for every registered descriptor's event in the loop's poll (ss_duty_loop_t),
+        # and one more: a poll that fills the array reads every socket.
+        capacity = len(wanted) + len(self.doorbells) + 2
+        if capacity > self.c.poll_capacity:
+            capacity *= 2
+            self._poll_events = network_ffi.new("uint8_t[]",
+                                                capacity * network.ss_epoll_event_size())
+            self.c.poll_events, self.c.poll_capacity = self._poll_events, capacity
         for key, fd in self._registered.items():
             if wanted.get(key) != fd:
                 with contextlib.suppress(OSError, ValueError):

@@ -51,12 +51,15 @@ log = logging.getLogger("slipstream.driver")
 class LogJob:
     """One log to make: its file, its length in bytes (reserved in the budget) and the
     keyword arguments of LogBuffer.create; ``request`` is the caller's (what the log is
-    for).  The maker fills ``result``: the log, or the exception that stopped it."""
+    for); ``logs_length``, the driver's other logs' length as its budget counted them when
+    the job was made (:func:`make_log_file`'s).  The maker fills ``result``: the log, or the
+    exception that stopped it."""
 
     path: Path
     length: int
     kwargs: dict[str, Any]
     request: Any
+    logs_length: int | None = None
     result: LogBuffer | BaseException | None = None
 
 
@@ -267,6 +270,7 @@ def _discard(log_buffer: LogBuffer, pool: LogPool | None) -> None:
 
 def _make(job: LogJob, pool: LogPool | None) -> None:
     try:
-        job.result = make_log_file(job.path, job.length, pool, **job.kwargs)
+        job.result = make_log_file(job.path, job.length, pool, logs_length=job.logs_length,
+                                   **job.kwargs)
     except Exception as e:  # handed to the conductor, which says what failed
         job.result = e

@@ -483,7 +483,8 @@ class ReceiveSide:
              "initial_term_offset": setup.term_offset,
              "group": params.image_is_group(setup.is_group), "sparse": params.sparse,
              "mode": self.settings.file_mode(clients_write=True)},
-            _PendingImage(event, entry, registration_id, key, host, now_ns))
+            _PendingImage(event, entry, registration_id, key, host, now_ns),
+            logs_length=self.budget.used - length)
         self._pending[key] = job
         self._source_use.setdefault(host, [0, 0, 0])
         self._charge(host, 1, length, pending=1)

@@ -114,7 +114,8 @@ def create_log(path: Path, budget: LogBudget, what: str, pool: LogPool | None = 
     behind."""
     length = budget.reserve(kwargs["term_length"], what)
     try:
-        return make_log_file(path, length, pool, **kwargs)
+        # The budget counts this log already: what the others may take is the rest.
+        return make_log_file(path, length, pool, logs_length=budget.used - length, **kwargs)
     except OSError as e:
         budget.release(length)
         raise no_room_for_log(path, kwargs["stream_id"], kwargs["term_length"], e) from None
@@ -135,14 +136,17 @@ def make_room_for_log(path: Path, length: int, pool: LogPool | None, *,
                 raise
 
 
-def make_log_file(path: Path, length: int, pool: LogPool | None = None,
-                  **kwargs: Any) -> LogBuffer:
+def make_log_file(path: Path, length: int, pool: LogPool | None = None, *,
+                  logs_length: int | None = None, **kwargs: Any) -> LogBuffer:
     """The file of a log of ``length`` bytes (reserved in the budget already), if its
     filesystem has room (:func:`make_room_for_log`): ``LogBuffer.create(path, **kwargs)``,
     in a file ``pool`` kept when it has one of the file's length (its pages there already,
     so the room it needs is only the pages it lacks), else a new one.  OSError when it
-    cannot be made, leaving no file behind.  Any thread: it touches nothing but the file and
-    the pool (an image's log is made on a worker: :mod:`.image_logs`)."""
+    cannot be made, leaving no file behind.  ``logs_length``: the length of the driver's
+    other logs as the budget counted them (:attr:`LogBudget.used` less this one's), with
+    which a filesystem that has that much free is not looked at log by log.  Any thread: it
+    touches nothing but the file and the pool (an image's log is made on a worker:
+    :mod:`.image_logs`)."""
     file_length = compute_log_length(kwargs["term_length"],
                                      kwargs.get("page_size", PAGE_MIN_SIZE))
     if pool is not None:
@@ -151,13 +155,14 @@ def make_log_file(path: Path, length: int, pool: LogPool | None = None,
             try:
                 # At ``path`` already, the file's holes count among what the driver's sparse
                 # logs may still take: no more room is needed than for those.
-                make_room_for_log(path, 0, pool)
+                make_room_for_log(path, 0, pool, logs_length=None if logs_length is None
+                                  else logs_length + file_length)
                 return LogBuffer.create(path, reused=True, **kwargs)
             except BaseException:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
                 raise
-    make_room_for_log(path, length, pool)
+    make_room_for_log(path, length, pool, logs_length=logs_length)
     return LogBuffer.create(path, **kwargs)
 
 
