@@ -613,8 +613,14 @@ class Image:
         else:
             probe._rewind(position)
         yield probe
-        if not self._closed:
-            self._spare_readers.append(probe)
+        if self._closed:
+            probe.close()
+            return
+        self._spare_readers.append(probe)
+        if self._closed:  # closed meanwhile: its close() may have emptied the list before
+            with contextlib.suppress(ValueError):  # ValueError: close() took it
+                self._spare_readers.remove(probe)
+                probe.close()
 
     def _rewind(self, position: int) -> None:
         """Start this private reader (:meth:`reader_at`'s) over at ``position``, a message
@@ -770,8 +776,12 @@ class Image:
             return
         self._ended = self._position >= self._log.end_of_stream_position
         self._closed = True
-        while self._spare_readers:  # their views of the mapping go first: it can unmap now
-            self._spare_readers.pop().close()
+        while True:  # their views of the mapping go first: it can unmap now
+            try:  # a question on another thread may take one meanwhile: it closes its own
+                spare = self._spare_readers.pop()
+            except IndexError:
+                break
+            spare.close()
         self._terms = []
         self._term_ptrs = []
         self._header._term = memoryview(b"")

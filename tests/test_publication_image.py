@@ -774,7 +774,7 @@ def test_a_session_refused_again_cools_down_twice_as_long_up_to_8_cool_downs(
         """Send the SETUP at ``t``, refuse the request it makes; its ERR's session."""
         rc.on_datagram(setup(), SRC, t)
         [request] = rc.poll_events()
-        rc.reject_image(request, t, "image_pending_max (1) reached")
+        rc.reject_image(request, t, "image_source_memory_limit (1 MiB) reached")
         [err] = [decode(d.data) for d in rc.datagrams_to_send(t)]
         assert isinstance(err, ErrorFrame)
         return err.session_id
@@ -788,3 +788,22 @@ def test_a_session_refused_again_cools_down_twice_as_long_up_to_8_cool_downs(
     assert refused_at(now) == 1
     rc.on_datagram(setup(), SRC, now + second)
     assert len(rc.poll_events()) == 1, "cools down 1 s again"
+
+
+def test_a_session_refused_again_for_a_passing_cause_cools_down_1_s_each_time(
+        shm: Path) -> None:
+    """A refusal whose cause passes as logs are made or images are heard (not ``lasting``:
+    image_pending_max, image_source_max_images) cools the session down 1 s however often it
+    comes, so a peer's many streams refused together are not pushed 8 s apart."""
+    rc, _ = receive_channel(shm)
+    second = 1_000_000_000
+    for attempt in range(5):
+        now = attempt * second
+        rc.on_datagram(setup(), SRC, now)
+        [request] = rc.poll_events()
+        rc.reject_image(request, now, "image_pending_max (1) reached", lasting=False)
+        rc.datagrams_to_send(now)
+        rc.on_datagram(setup(), SRC, now + second - 1)
+        assert rc.poll_events() == [], "asked within the cool-down"
+    rc.on_datagram(setup(), SRC, 5 * second)
+    assert len(rc.poll_events()) == 1, "a refusal again still cools down 1 s"

@@ -185,10 +185,12 @@ class AddPublicationImage:
 
 @attrs.frozen(eq=False)
 class RejectImage:
-    """The conductor could not make the image ``request`` asked for: its sender hears why."""
+    """The conductor could not make the image ``request`` asked for: its sender hears why;
+    ``lasting``: whether the cause lasts (a refusal again soon cools down longer)."""
 
     request: ImageRequested
     reason: str
+    lasting: bool
 
 
 @attrs.frozen(eq=False)
@@ -373,8 +375,8 @@ class ReceiverProxy(_Proxy[ReceiverCommand]):
                                  image: PublicationImage) -> None:
         self._send(AddPublicationImage(channel, image))
 
-    def on_reject_image(self, request: ImageRequested, reason: str) -> None:
-        self._send(RejectImage(request, reason))
+    def on_reject_image(self, request: ImageRequested, reason: str, lasting: bool) -> None:
+        self._send(RejectImage(request, reason, lasting))
 
     def on_add_subscriber(self, image: PublicationImage, position_cell: Any) -> None:
         self._send(AddSubscriber(image, position_cell))

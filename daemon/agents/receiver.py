@@ -69,8 +69,8 @@ class Receiver(Agent[ReceiveEndpoint, ReceiverCommand]):
         match command:
             case AddPublicationImage(channel, image):
                 channel.add_image(image)
-            case RejectImage(request, reason):
-                request.channel.reject_image(request, now_ns, reason)
+            case RejectImage(request, reason, lasting):
+                request.channel.reject_image(request, now_ns, reason, lasting=lasting)
             case AddSubscriber(image, position_cell):
                 image.add_subscriber_position(position_cell)
             case RemoveSubscriber(image, position_cell):

@@ -464,7 +464,8 @@ class ReceiveSide:
         if refusal is not None:
             counter, reason = refusal
             self.counters.add(counter)
-            self._refuse(event, reason, now_ns, error=False)
+            self._refuse(event, reason, now_ns, error=False,
+                         lasting=counter is SystemCounter.IMAGE_SOURCE_MEMORY_REFUSED)
             return []
         what = f"the image of {_label_of(setup, event.source)}"
         try:
@@ -547,19 +548,24 @@ class ReceiveSide:
         if use[0] <= 0:
             del self._source_use[host]
 
-    def _refuse(self, event: ImageRequested, reason: str, now_ns: int, *, error: bool) -> None:
-        """The image of ``event`` is not made: the receiver cools the session down and tells
-        the sender (an ERR frame, once per source per interval), and the log says why once
-        per source per interval (an ``error`` as every error-log entry is counted; a bound's
-        refusal is counted by its cause instead)."""
-        self.receiver_proxy.on_reject_image(event, reason)
+    def _refuse(self, event: ImageRequested, reason: str, now_ns: int, *, error: bool,
+                lasting: bool = True) -> None:
+        """The image of ``event`` is not made: the receiver cools the session down (longer
+        each time while the cause is ``lasting``; a bound on logs in the making or on unheard
+        images passes as they are made or heard) and tells the sender why (an ERR frame),
+        and the log says why once per source per interval (an ``error`` as every error-log
+        entry is counted; a bound's refusal is counted by its cause instead)."""
+        what = f"the image of {_label_of(event.setup, event.source)}"
+        labelled = reason.startswith(what)
+        # The sender knows its session: the ERR's few bytes go to the cause and its setting.
+        answer = reason[len(what):].lstrip(": ") if labelled else reason
+        self.receiver_proxy.on_reject_image(event, answer, lasting)
         if error:  # a bound's refusal is counted by its cause, the rest here
             self.counters.add(SystemCounter.IMAGES_REJECTED)
         held = self._refusal_notices.tell(event.source[0], now_ns)
         if held is None:
             return
-        what = f"the image of {_label_of(event.setup, event.source)}"
-        text = reason if reason.startswith(what) else f"{what}: {reason}"
+        text = reason if labelled else f"{what}: {reason}"
         more = f" ({held} more of {event.source[0]} held back since)" if held else ""
         if error:
             self.counters.add(SystemCounter.ERRORS)

@@ -420,16 +420,18 @@ class ReceiveChannel:
         return None
 
     def reject_image(self, request: ImageRequested, now_ns: int, reason: str,
-                     code: int = ERROR_CODE_STORAGE_SPACE) -> int | None:
+                     code: int = ERROR_CODE_STORAGE_SPACE, *, lasting: bool = True) -> int | None:
         """The image of ``request`` is not made (the conductor's bounds, no space, counters
-        full; or this receiver's own refusal): the session cools down and its sender hears
+        full; or this receiver's own refusal): the session cools down (twice as long as
+        last time when refused again soon for a ``lasting`` cause) and its sender hears
         why (an ERR frame, docs/PROTOCOL.md §1.7) at this refusal, within ERR_STREAMS_MAX
         streams per cool-down.  Returns None when the refusal is not to be logged (one of
         its source's was, within the interval), else how many of that source's were not
         since the last logged."""
         key = (request.setup.session_id, request.setup.stream_id)
         self._pending_image.pop(key, None)
-        self._cool_down[key] = now_ns + self._refused_cool_down(key, now_ns)
+        self._cool_down[key] = now_ns + (self._refused_cool_down(key, now_ns) if lasting
+                                         else self.cool_down_ns)
         # Counted by whoever refused, under its cause (DROP_CAUSES: one cause each).
         if self._err_notices.tell((request.source[0], *key), now_ns) is not None:
             # The text is bytes on the wire: cut it there, at a character boundary.
