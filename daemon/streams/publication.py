@@ -88,12 +88,7 @@ from slipstream.daemon.pressure.governor import COALESCE_NS, TOP_STEP
 from slipstream.daemon.protocol.log_cleaner import LogCleaner
 from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.retransmit import RetransmitBudget, RetransmitHandler
-from slipstream.daemon.protocol.types import (
-    Address,
-    Datagram,
-    ProtocolCounters,
-    sockaddr,
-)
+from slipstream.daemon.protocol.types import Address, Datagram, ProtocolCounters
 from slipstream.daemon.streams.durable import DurablePosition
 from slipstream.daemon.streams.receivers import PublicationReceivers, PublicationStatus
 from slipstream.daemon.streams.spies import PublicationSpies
@@ -235,7 +230,6 @@ class NetworkPublication:
         c.connection_timeout_ns = self.connection_timeout_ns
         c.nak_unknown_source_drops = counters.address(SystemCounter.NAK_UNKNOWN_SOURCE_DROPS)
         c.control_source_count = 0  # no receiver yet: no NAK counts
-        self._c_sources_version = 0  # of the receivers' bound addresses in the C table
         self._c_sm_seen = 0  # the C control path's SMs already taken (sm_count)
         self.retransmit_handler = RetransmitHandler(
             c, counters=counters, delay_ns=settings.retransmit_unicast_delay,
@@ -553,7 +547,7 @@ class NetworkPublication:
             # rejected the image sends none for it), within the grace; an SM of it after the
             # ERR says it is still there, and the ERR (forged from its address) is dropped.
             self._pending_errors.setdefault(frame.receiver_id, (frame, now_ns))
-        self._sync_control_sources()
+        self._receivers.sync_c_sources(self.c)
 
     def admits_status_message(self, sm: StatusMessage, source: Address, now_ns: int) -> bool:
         """Whether a status message naming ``sm.receiver_id`` from ``source`` may count
@@ -587,37 +581,6 @@ class NetworkPublication:
             self.counters.add(SystemCounter.RATE_SIGNAL_UNBACKED_DROPS)
             return False
         return True
-
-    def _set_c_sm_source(self) -> None:
-        """The C half takes SMs of its receiver only from the address it is bound to now (none
-        while it is not live: then every SM goes to this half)."""
-        c = self.c
-        bound = self._receivers.bound_source(c.sm_receiver_id)
-        raw = sockaddr(bound) if bound is not None else b""
-        c.sm_source_length = 0
-        network_ffi.memmove(c.sm_source, raw, len(raw))
-        c.sm_source_length = len(raw)
-
-    def _sync_control_sources(self) -> None:
-        """Hand the live receivers' bound addresses to the C half (the NAK rule, and the
-        address its SMs come from), when they changed since the last time: at once, since the
-        C half reads the rest of a batch before the pass ends."""
-        receivers = self._receivers
-        if receivers.version == self._c_sources_version:
-            return
-        self._c_sources_version = receivers.version
-        self._set_c_sm_source()
-        c = self.c
-        sources = sorted(receivers.sources())
-        if len(sources) > network.SS_CONTROL_SOURCES_MAX:
-            c.control_source_count = network.SS_CONTROL_SOURCES_UNKNOWN  # Python checks
-            return
-        c.control_source_count = 0  # while it is rewritten: no NAK counts in between
-        for i, source in enumerate(sources):
-            raw = sockaddr(source)
-            network_ffi.memmove(c.control_sources[i], raw, len(raw))
-            c.control_source_lengths[i] = len(raw)
-        c.control_source_count = len(sources)
 
     def take_c_status_messages(self) -> None:
         """Record the status messages the C control path took since the last look (see
@@ -674,7 +637,7 @@ class NetworkPublication:
                 c.sm_count = c.sm_position = self._c_sm_seen = 0
                 c.sm_receiver_id = receiver_id
                 c.sm_time_ns = last_sm_ns
-            self._set_c_sm_source()
+            self._receivers.set_c_sm_source(c)
             # The C half's liveness rule reads it: an SM this half took counts too.
             c.sm_time_ns = max(c.sm_time_ns, last_sm_ns)
         c.sm_in_c = int(take)
@@ -914,7 +877,7 @@ class NetworkPublication:
     # -- the sender thread's: liveness, limits and state (the conductor's duties in Aeron) ---
     def _update_has_receivers(self, now_ns: int) -> None:
         self._receivers.expire(now_ns, self.connection_timeout_ns)
-        self._sync_control_sources()
+        self._receivers.sync_c_sources(self.c)
 
     def _update_connected(self, now_ns: int) -> None:
         connected = ((bool(self._receivers) and self.flow_control.has_required_receivers()
@@ -979,7 +942,7 @@ class NetworkPublication:
                 self._publish_durable()
         if due:
             self._update_connected(now_ns)
-            self._sync_control_sources()
+            self._receivers.sync_c_sources(self.c)
 
     def _conductor_duties(self, now_ns: int) -> None:
         self.take_c_status_messages()  # the receivers' liveness first
