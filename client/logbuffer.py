@@ -182,13 +182,17 @@ def tail_term_offset(raw_tail: int, term_length: int) -> int:
 
 @attrs.frozen
 class LogIdentity:
-    """What names one log's position space: a publication's session, its initial term id and
-    term length.  A log made anew (a publication added again, even with the same
-    ``session-id``) has another initial term id, unless ``init-term-id`` pins it."""
+    """What names one log and frames its positions, as its metadata fixes them when it is
+    made: the publication's session and stream (its frames' default header), its initial
+    term id, term length and MTU.  A log made anew (a publication added again, even with the
+    same ``session-id``) has another initial term id, unless ``init-term-id`` pins it."""
 
     session_id: int
     initial_term_id: int
     term_length: int
+    stream_id: int = attrs.field(kw_only=True)
+    #: The most bytes of one frame (header included) its publisher sends.
+    mtu: int = attrs.field(kw_only=True)
 
     @property
     def framing(self) -> tuple[int, int]:
@@ -197,12 +201,45 @@ class LogIdentity:
         [initial_term_id, term_length]``."""
         return self.initial_term_id, self.term_length
 
+    @property
+    def position_bits(self) -> int:
+        """The shift of a term id in a position: log2 of the term length."""
+        return position_bits_to_shift(self.term_length)
+
     def describe(self) -> str:
         """The framing in words, for messages that compare two logs."""
         return f"initial term id {self.initial_term_id} and term length {self.term_length}"
 
 
-class LogBuffer:
+class OfOneLog:
+    """The fields of ``identity``, the :class:`LogIdentity` of the log an object works on,
+    as that object's own read-only attributes (``session_id``, ``stream_id``,
+    ``initial_term_id``, ``term_length``, ``mtu``)."""
+
+    identity: LogIdentity
+
+    @property
+    def session_id(self) -> int:
+        return self.identity.session_id
+
+    @property
+    def stream_id(self) -> int:
+        return self.identity.stream_id
+
+    @property
+    def initial_term_id(self) -> int:
+        return self.identity.initial_term_id
+
+    @property
+    def term_length(self) -> int:
+        return self.identity.term_length
+
+    @property
+    def mtu(self) -> int:
+        return self.identity.mtu
+
+
+class LogBuffer(OfOneLog):
     """A mapped log file: term views, metadata access and atomic operations on it.
 
     The mapping stays valid until :meth:`close`; ``address`` is a cffi ``uint8_t *`` to the
@@ -239,16 +276,16 @@ class LogBuffer:
         if recorded != term_length:
             raise ValueError(f"{self.path} is not an initialised log buffer "
                              f"(term length {recorded}, file length {length})")
-        self.term_length = term_length
-        self.meta_offset = PARTITION_COUNT * self.term_length
+        self.meta_offset = PARTITION_COUNT * term_length
         self.meta = self.address + self.meta_offset
-        self.initial_term_id = self._get_i32(META_INITIAL_TERM_ID)
-        self.mtu = self._get_i32(META_MTU_LENGTH)
-        self.position_bits = position_bits_to_shift(self.term_length)
-        self.max_message_length = max_message_length(self.term_length)
+        self.identity = LogIdentity(
+            self.default_header_field("<i", SESSION_ID_FIELD),
+            self._get_i32(META_INITIAL_TERM_ID), term_length,
+            stream_id=self.default_header_field("<i", STREAM_ID_FIELD),
+            mtu=self._get_i32(META_MTU_LENGTH))
+        self.position_bits = position_bits_to_shift(term_length)
+        self.max_message_length = max_message_length(term_length)
         self.max_payload = self.mtu - HEADER_LENGTH
-        self.session_id = self.default_header_field("<i", SESSION_ID_FIELD)
-        self.stream_id = self.default_header_field("<i", STREAM_ID_FIELD)
         if populate if populate is not None else not self.is_sparse:
             self._populate(writable)
         else:

@@ -74,6 +74,7 @@ from slipstream.client.frames import (
 from slipstream.client.layout import NO_DEADLINE
 from slipstream.client.logbuffer import (
     LogBuffer,
+    OfOneLog,
     compute_term_id,
     max_message_length,
     unblock,
@@ -131,7 +132,7 @@ class SenderPositions:
         return cls(*(ffi.new("int64_t *") for _ in range(7)))
 
 
-class NetworkPublication:
+class NetworkPublication(OfOneLog):
     """Sender state of one (session, stream) on a UDP channel.  See the module docstring."""
 
     def __init__(self, *, log: LogBuffer, params: PublicationParams, settings: DriverSettings,
@@ -149,13 +150,9 @@ class NetworkPublication:
         self.destination = destination
         self.positions = positions
         self.publisher_limit = positions.publisher_limit
-        self.session_id = log.session_id
-        self.stream_id = log.stream_id
-        self.initial_term_id = log.initial_term_id
-        self.term_length = log.term_length
+        self.identity = log.identity  # its fields are this object's attributes too
         self.position_bits = log.position_bits
         self._mask = log.term_length - 1
-        self.mtu = log.mtu
         window = params.term_window_length
         self.term_window_length = window
         self._trip_gain = window // 8
