@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import copy
 import errno
+import operator
 import os
 import struct
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -210,33 +212,43 @@ class LogIdentity:
         """The framing in words, for messages that compare two logs."""
         return f"initial term id {self.initial_term_id} and term length {self.term_length}"
 
+    def copy_into(self, c: Any) -> None:
+        """Set the fields of it that ``c``, a C hot path's struct of the log, carries (cffi:
+        an ``ss_appender_t``, ``ss_image_t`` or ``ss_send_publication_t *``)."""
+        c.session_id = self.session_id
+        c.stream_id = self.stream_id
+        c.initial_term_id = self.initial_term_id
+        c.term_length = self.term_length
+        c.position_bits = self.position_bits
+
+
+class _IdentityField:
+    """A read-only attribute of an :class:`OfOneLog`: the field of the same name of its
+    ``identity``."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+        self._read = operator.attrgetter(f"identity.{name}")
+
+    def __get__(self, instance: object, owner: type | None = None) -> int:
+        if instance is None:
+            return self  # type: ignore[return-value]  # the class's: the descriptor itself
+        return self._read(instance)
+
+    def __set__(self, instance: object, value: int) -> None:
+        raise AttributeError(f"{self._name} is the log identity's: read-only")
+
 
 class OfOneLog:
-    """The fields of ``identity``, the :class:`LogIdentity` of the log an object works on,
-    as that object's own read-only attributes (``session_id``, ``stream_id``,
-    ``initial_term_id``, ``term_length``, ``mtu``)."""
+    """An object of one log, whose :class:`LogIdentity` is ``identity``: its fields are the
+    object's own read-only attributes."""
 
     identity: LogIdentity
-
-    @property
-    def session_id(self) -> int:
-        return self.identity.session_id
-
-    @property
-    def stream_id(self) -> int:
-        return self.identity.stream_id
-
-    @property
-    def initial_term_id(self) -> int:
-        return self.identity.initial_term_id
-
-    @property
-    def term_length(self) -> int:
-        return self.identity.term_length
-
-    @property
-    def mtu(self) -> int:
-        return self.identity.mtu
+    session_id = _IdentityField()
+    stream_id = _IdentityField()
+    initial_term_id = _IdentityField()
+    term_length = _IdentityField()
+    mtu = _IdentityField()
 
 
 class LogBuffer(OfOneLog):
@@ -573,11 +585,7 @@ def new_appender(log: LogBuffer, publication_limit):  # -> cffi ss_appender_t *
     appender.log = log.address
     appender.meta = log.meta
     appender.publication_limit = publication_limit
-    appender.term_length = log.term_length
-    appender.position_bits = log.position_bits
-    appender.initial_term_id = log.initial_term_id
-    appender.session_id = log.session_id
-    appender.stream_id = log.stream_id
+    log.identity.copy_into(appender)
     appender.max_payload = log.max_payload
     appender.max_message_length = log.max_message_length
     appender.max_position = max_possible_position(log.term_length)

@@ -172,7 +172,7 @@ def test_every_public_field_and_method_has_an_owner(cls: type, table: dict[str, 
     # and the fields it takes from its bases (OfOneLog's: those of its log's identity)
     public |= {name for base in cls.__mro__[1:] if base.__module__.startswith("slipstream.")
                for name, value in vars(base).items()
-               if isinstance(value, property) and not name.startswith("_")}
+               if hasattr(value, "__get__") and not callable(value) and not name.startswith("_")}
     assert public == set(table), (f"no owner: {sorted(public - set(table))}; "
                                   f"not in the class: {sorted(set(table) - public)}")
 

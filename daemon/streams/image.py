@@ -235,11 +235,7 @@ class PublicationImage(OfOneLog):
         c.receiver_hwm = self._rcv_hwm
         c.receiver_hwm_counter = positions.receiver_hwm
         c.receiver_position_counter = positions.receiver_position
-        c.term_length = term_length
-        c.position_bits = self.position_bits
-        c.initial_term_id = self.initial_term_id
-        c.session_id = self.session_id
-        c.stream_id = self.stream_id
+        self.identity.copy_into(c)
         c.time_of_last_packet_ns = now_ns
         c.liveness_timeout_ns = self.liveness_timeout_ns
         c.eos_position = -1

@@ -210,15 +210,11 @@ class NetworkPublication(OfOneLog):
         c.short_sends = counters.address(SystemCounter.SHORT_SENDS)
         c.send_errors = counters.address(SystemCounter.SEND_ERRORS)
         c.time_of_last_send_ns = now_ns - HEARTBEAT_TIMEOUT_NS
-        c.term_length = log.term_length
-        c.position_bits = log.position_bits
+        self.identity.copy_into(c)
         c.mtu = log.mtu
         c.fd = -1
         c.virtual_room = -1  # without a socket: as many datagrams as it sends
         c.meta = log.meta
-        c.session_id = log.session_id
-        c.stream_id = log.stream_id
-        c.initial_term_id = log.initial_term_id
         c.max_message_length = max_message_length(log.term_length)
         c.signal_eos = int(self.signal_eos)
         c.priority = params.priority
