@@ -100,7 +100,7 @@ class Image(OfOneLog):
         self.final_position: int | None = None
         self.ended_with_mark = False
         self._log = log
-        # The hot paths' (a property costs each read a call).
+        # The hot paths' (reading an identity field through OfOneLog costs a call).
         self._session_id = log.session_id
         self._term_length = log.term_length
         self._position_bits = log.position_bits
