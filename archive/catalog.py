@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Final
 
 from slipstream.client.closing import ClosedOnExit
+from slipstream.client.logbuffer import LogIdentity
 
 CATALOG_FILE: Final = "archive.catalog"
 MAGIC: Final = b"SLPSCATL"
@@ -92,6 +93,12 @@ class RecordingDescriptor:
     def is_active(self) -> bool:
         """Still being recorded (or recovery has not yet looked at it)."""
         return self.stop_position == NULL_POSITION
+
+    @property
+    def identity(self) -> LogIdentity:
+        """What names the recorded log and frames its positions."""
+        return LogIdentity(self.session_id, self.initial_term_id, self.term_length,
+                           stream_id=self.stream_id, mtu=self.mtu)
 
     def evolve(self, **changes: object) -> RecordingDescriptor:
         return dataclasses.replace(self, **changes)

@@ -274,7 +274,8 @@ class ArchiveClient:
         attributes are the listing's) whose questions this link asks the archive."""
         d = recording.descriptor
         state = {"stream_id": d.stream_id, "initial_term_id": d.initial_term_id,
-                 "term_length": d.term_length, "log_path": f"recording {d.recording_id}",
+                 "term_length": d.term_length, "mtu": d.mtu,
+                 "log_path": f"recording {d.recording_id}",
                  "join_position": d.start_position, "position": recording.recorded_position,
                  "available": recording.recorded_position, "earliest": d.start_position,
                  "end_of_stream": d.stop_position if d.end_reason == EndReason.END_OF_STREAM

@@ -63,6 +63,7 @@ from slipstream.client.layout import (
 from slipstream.client.layout import (
     HEADER_LENGTH as FRAME_HEADER_LENGTH,
 )
+from slipstream.client.logbuffer import OfOneLog
 from slipstream.client.mapping import unmap
 from slipstream.client.messages import FragmentHandler, GatheredMessages, Header
 from slipstream.client.retention import TermAt
@@ -461,7 +462,7 @@ def message_end(directory: Path, descriptor: RecordingDescriptor, position: int,
 
 
 # -- the local reader ------------------------------------------------------------------------
-class RecordingReader(ClosedOnExit):
+class RecordingReader(ClosedOnExit, OfOneLog):
     """Reads a recording's messages from its segment files on the archive's own host, mapped
     read-only, with the log's C scan: :meth:`poll` and :meth:`poll_gathered` as a replay's
     image has them (messages with their stream positions, fragments assembled), no network.
@@ -495,9 +496,7 @@ class RecordingReader(ClosedOnExit):
             raise KeyError(f"no recording {recording_id} in {self.directory / CATALOG_FILE}")
         self.descriptor = descriptor
         self.recording_id = recording_id
-        self.session_id = descriptor.session_id
-        self.stream_id = descriptor.stream_id
-        self.term_length = descriptor.term_length
+        self.identity = descriptor.identity  # its fields are this reader's attributes too
         self._counters: CountersFile | None = None
         self._counter: CounterReader | None = None
         self._known = descriptor.start_position if recorded is None else recorded

@@ -58,7 +58,7 @@ POSITIONING_KEYS: Final = ("init-term-id", "term-id", "term-offset", "term-lengt
                            "sparse")
 
 
-def positioned_channel(channel: str, log: LogIdentity, mtu: int, position: int) -> str:
+def positioned_channel(channel: str, log: LogIdentity, position: int) -> str:
     """``channel`` with the URI keys that start a publication at ``position`` of a log
     framed like ``log`` (same initial term id, term length and MTU: the same positions)."""
     bits = log.term_length.bit_length() - 1
@@ -68,7 +68,7 @@ def positioned_channel(channel: str, log: LogIdentity, mtu: int, position: int) 
     joint = "|" if "?" in channel else "?"  # aeron:ipc has no parameters yet
     return (f"{channel}{joint}init-term-id={log.initial_term_id}|term-id={term_id}"
             f"|term-offset={position % log.term_length}|term-length={log.term_length}"
-            f"|mtu={mtu}|sparse=true")
+            f"|mtu={log.mtu}|sparse=true")
 
 
 class ReplayState(enum.Enum):
@@ -94,7 +94,6 @@ class ReplaySource(Protocol):
 
     name: str
     identity: LogIdentity
-    mtu: int
 
     def copy(self, publication: ExclusivePublication, position: int, end: int
              ) -> tuple[int, int]:
@@ -112,9 +111,7 @@ class SegmentSource:
 
     def __init__(self, directory: Path, descriptor: RecordingDescriptor) -> None:
         self.name = f"recording {descriptor.recording_id}"
-        self.identity = LogIdentity(descriptor.session_id, descriptor.initial_term_id,
-                                    descriptor.term_length)
-        self.mtu = descriptor.mtu
+        self.identity = descriptor.identity
         self._segments = Segments(directory, descriptor)
 
     def copy(self, publication: ExclusivePublication, position: int, end: int
@@ -140,7 +137,6 @@ class LogSource:
         self.name = name
         self.image = image
         self.identity = image.identity
-        self.mtu = image.mtu
 
     def held(self, start: int, end: int) -> tuple[int, int]:
         """``[first, last)``: what the log holds of ``[start, end)`` now, from the first
@@ -189,7 +185,7 @@ class ReplaySession:
         self.state = ReplayState.CONNECTING
         self.reason = ""
         self.publication: ExclusivePublication = client.add_exclusive_publication(
-            positioned_channel(channel, source.identity, source.mtu, start), stream_id)
+            positioned_channel(channel, source.identity, start), stream_id)
         self.session_id = self.publication.session_id
         self._deadline = now + CONNECT_TIMEOUT_S
         self._disconnected_since: float | None = None

@@ -36,7 +36,6 @@ from slipstream.archive.reading import (
 )
 from slipstream.client.closing import ClosedOnExit
 from slipstream.client.layout import FRAME_ALIGNMENT
-from slipstream.client.logbuffer import LogIdentity
 from slipstream.client.logview import LogView, Walk, walk_log
 
 __all__ = ["STAMP_SKEW_MS", "RecordingView"]
@@ -59,10 +58,7 @@ class RecordingView(LogView, ClosedOnExit):
         self.directory = Path(directory)
         self.descriptor = descriptor
         self.recording_id = descriptor.recording_id
-        self.session_id = descriptor.session_id
-        self.stream_id = descriptor.stream_id
-        self.identity = LogIdentity(descriptor.session_id, descriptor.initial_term_id,
-                                    descriptor.term_length)
+        self.identity = descriptor.identity
         self.log_path = str(self.directory / f"recording {descriptor.recording_id}")
         self.join_position = descriptor.start_position
         self.recorded_position = max(recorded_position, descriptor.start_position)

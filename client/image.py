@@ -43,7 +43,7 @@ from slipstream.client.layout import (
 )
 from slipstream.client.logbuffer import (
     LogBuffer,
-    LogIdentity,
+    OfOneLog,
     compute_term_id,
     index_by_position,
 )
@@ -65,7 +65,7 @@ _ABORT, _BREAK, _COMMIT, _CONTINUE = (ControlledPollAction.ABORT, ControlledPoll
 _MAX_SCAN = 4096  # frames per C scan; a poll's fragment limit is split into scans this big
 
 
-class Image:
+class Image(OfOneLog):
     """One publication session as seen by one subscription."""
 
     def __init__(self, log: LogBuffer, position_counter, *, join_position: int,
@@ -77,8 +77,9 @@ class Image:
         (rung when the receiver parks and this subscriber reaches the position it waits
         for), for a spy's the sender's; -1 for IPC."""
         self.subscription = subscription
-        self.session_id = log.session_id
-        self.stream_id = log.stream_id
+        #: What names the log and frames its positions (a replay framed alike has the same
+        #: positions); its fields are this image's attributes too.
+        self.identity = log.identity
         #: The image's registration id in its driver (Aeron's ``Image.correlationId``): a
         #: server answers a request image by naming it in its response publication's URI,
         #: ``aeron:udp?control-mode=response|control=HOST:PORT|response-correlation-id=``
@@ -99,12 +100,10 @@ class Image:
         #: had written), and whether the stream ended there with its end-of-stream mark.
         self.final_position: int | None = None
         self.ended_with_mark = False
-        self.term_length = log.term_length
-        #: The term id the stream started at, and its MTU: with the session and the term
-        #: length, what frames its positions (a replay framed alike has the same positions).
-        self.initial_term_id = log.initial_term_id
-        self.mtu = log.mtu
         self._log = log
+        # The hot paths' (reading an identity field through OfOneLog costs a call).
+        self._session_id = log.session_id
+        self._term_length = log.term_length
         self._position_bits = log.position_bits
         self._term_mask = log.term_length - 1
         self._position_ptr = position_counter
@@ -215,7 +214,7 @@ class Image:
         (0 once the image is gone, as for a closed subscription)."""
         if self._closed or self._gone:  # unmapped, or soon: nothing more is read from it
             return 0
-        return self._read(handler, fragment_limit, self.term_length)
+        return self._read(handler, fragment_limit, self._term_length)
 
     def _read(self, handler: FragmentHandler, fragment_limit: int, scan_end: int) -> int:
         """poll(), scanning the current term no further than offset ``scan_end``."""
@@ -357,7 +356,7 @@ class Image:
         # The sender's scan: whole aligned frames; a padding frame at the position comes back
         # as its header, with the rest of its length in the padding cell.
         length = lib.ss_scan_for_availability(self._term_ptrs[index], offset,
-                                              block_length_limit, self.term_length,
+                                              block_length_limit, self._term_length,
                                               self._padding_cell)
         length += self._padding_cell[0]
         if length <= 0:
@@ -393,7 +392,7 @@ class Image:
             if count or stopped or self._assembling:
                 return count
         position = self._position
-        index, offset, count = self._scan(self.term_length, fragment_limit)
+        index, offset, count = self._scan(self._term_length, fragment_limit)
         if count < 0:  # a fragment at the position
             return self._controlled_fragments(handler, fragment_limit)[0]
         next_offset = self._next_offset[0]
@@ -449,11 +448,11 @@ class Image:
         BREAK or ABORT stopped the read; stops after ``fragment_limit`` frames."""
         delivered = 0
         header = self._header
-        limit = self._position - (self._position & self._term_mask) + self.term_length
+        limit = self._position - (self._position & self._term_mask) + self._term_length
         for _ in range(fragment_limit):
             if self._gone:  # closed by a handler (or another thread): read no further
                 break
-            frame = self._cold_frame(limit, self.term_length)
+            frame = self._cold_frame(limit, self._term_length)
             if frame is None:
                 break
             term, offset, frame_length, flags, frame_type = frame
@@ -512,7 +511,7 @@ class Image:
         # _scan's steps, written out, as in _read: every batch poll's path.
         index = (position >> self._position_bits) % PARTITION_COUNT
         offset = position & self._term_mask
-        count = lib.ss_term_read(self._term_ptrs[index], offset, self.term_length,
+        count = lib.ss_term_read(self._term_ptrs[index], offset, self._term_length,
                                  min(max_messages, _MAX_SCAN), self._starts, self._ends,
                                  self._next_offset)
         if count < 0:  # a fragment at the position
@@ -522,7 +521,7 @@ class Image:
             self._advance(position + next_offset - offset)
         if count:
             return MessageBatch(self._terms[index], self._starts_view[:count],
-                                self._ends_view[:count], self.session_id, self._position)
+                                self._ends_view[:count], self._session_id, self._position)
         return None
 
     def poll_gathered(self, max_messages: int, limit_position: int | None = None
@@ -537,8 +536,8 @@ class Image:
         if limit_position is not None and position >= limit_position:
             return None
         offset = position & self._term_mask
-        scan_end = self.term_length if limit_position is None else \
-            min(self.term_length, offset + limit_position - position)
+        scan_end = self._term_length if limit_position is None else \
+            min(self._term_length, offset + limit_position - position)
         if self._assembling:
             return self._gather_fragmented(scan_end)
         index, offset, count = self._scan(scan_end, max_messages)
@@ -550,10 +549,10 @@ class Image:
                 return None
             self._advance(position + next_offset - offset)  # padding: on into the next term
             return self.poll_gathered(max_messages, limit_position)
-        gathered = gather_scanned(self._term_ptrs[index], self.term_length, position - offset,
-                                  self._starts, self._ends, count, self.session_id)
+        gathered = gather_scanned(self._term_ptrs[index], self._term_length, position - offset,
+                                  self._starts, self._ends, count, self._session_id)
         if gathered is None:
-            raise SlipstreamError(f"image {self.session_id}: a scan of the log gave frame "
+            raise SlipstreamError(f"image {self._session_id}: a scan of the log gave frame "
                                   f"bounds outside its term")
         self._advance(position + next_offset - offset)
         return gathered
@@ -567,18 +566,18 @@ class Image:
             1 << 30, scan_end, message_limit=1)
         if not got:
             return None
-        return GatheredMessages.one(*got[0], self.session_id)
+        return GatheredMessages.one(*got[0], self._session_id)
 
     def _assemble_batch(self) -> MessageBatch | None:
         """The next message is fragmented: assemble it (if complete) as a batch of one."""
         collected: list[bytes] = []
         self._read_fragments(lambda data, header: collected.append(bytes(data)), 1 << 30,
-                             self.term_length, message_limit=1)
+                             self._term_length, message_limit=1)
         if not collected:
             return None
         message = collected[0]
         bounds = memoryview(array("i", [0, len(message)]))
-        return MessageBatch(memoryview(message), bounds[:1], bounds[1:], self.session_id,
+        return MessageBatch(memoryview(message), bounds[:1], bounds[1:], self._session_id,
                             self._position)
 
     # -- reading without consuming (credit held until commit) ---------------------------------
@@ -643,11 +642,6 @@ class Image:
         readers of the log as it is (retention, replay); valid until the image is closed."""
         return self._log
 
-    @property
-    def identity(self) -> LogIdentity:
-        """What names this image's log: its session, initial term id and term length."""
-        return LogIdentity(self.session_id, self.initial_term_id, self.term_length)
-
     def producer_position(self) -> int:
         """The position the log's producer (the publisher, or the receiver rebuilding it)
         reached: nothing past it is written yet.  Raises :class:`ClosedError` once the image
@@ -700,7 +694,7 @@ class Image:
         with self._probe(position) as reader:
             while reader._position < limit_position:
                 offset = reader._position & self._term_mask
-                scan_end = min(self.term_length, offset + limit_position - reader._position)
+                scan_end = min(self._term_length, offset + limit_position - reader._position)
                 before = reader._position
                 reader._read(handler, _MAX_SCAN, scan_end)
                 if reader._position == before:
@@ -725,7 +719,7 @@ class Image:
         # log never held it (an image made again joins its stream where the stream is now).
         if (frame_length != 0 and frame_term_id != expected_term_id) or \
                 (frame_length == 0 and (position < self._position
-                                        or producer - position >= self.term_length)) or \
+                                        or producer - position >= self._term_length)) or \
                 position > producer:
             raise DataLossError(position, producer)
 

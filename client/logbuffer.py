@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import copy
 import errno
+import operator
 import os
 import struct
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -182,13 +184,17 @@ def tail_term_offset(raw_tail: int, term_length: int) -> int:
 
 @attrs.frozen
 class LogIdentity:
-    """What names one log's position space: a publication's session, its initial term id and
-    term length.  A log made anew (a publication added again, even with the same
-    ``session-id``) has another initial term id, unless ``init-term-id`` pins it."""
+    """What names one log and frames its positions, as its metadata fixes them when it is
+    made: the publication's session and stream (its frames' default header), its initial
+    term id, term length and MTU.  A log made anew (a publication added again, even with the
+    same ``session-id``) has another initial term id, unless ``init-term-id`` pins it."""
 
     session_id: int
     initial_term_id: int
     term_length: int
+    stream_id: int = attrs.field(kw_only=True)
+    #: The most bytes of one frame (header included) its publisher sends.
+    mtu: int = attrs.field(kw_only=True)
 
     @property
     def framing(self) -> tuple[int, int]:
@@ -197,12 +203,55 @@ class LogIdentity:
         [initial_term_id, term_length]``."""
         return self.initial_term_id, self.term_length
 
+    @property
+    def position_bits(self) -> int:
+        """The shift of a term id in a position: log2 of the term length."""
+        return position_bits_to_shift(self.term_length)
+
     def describe(self) -> str:
         """The framing in words, for messages that compare two logs."""
         return f"initial term id {self.initial_term_id} and term length {self.term_length}"
 
+    def copy_into(self, c: Any) -> None:
+        """Set the fields of it that ``c``, a C hot path's struct of the log, carries (cffi:
+        an ``ss_appender_t``, ``ss_image_t`` or ``ss_send_publication_t *``)."""
+        c.session_id = self.session_id
+        c.stream_id = self.stream_id
+        c.initial_term_id = self.initial_term_id
+        c.term_length = self.term_length
+        c.position_bits = self.position_bits
 
-class LogBuffer:
+
+class _IdentityField:
+    """A read-only attribute of an :class:`OfOneLog`: the field of the same name of its
+    ``identity``."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+        self._read = operator.attrgetter(f"identity.{name}")
+
+    def __get__(self, instance: object, owner: type | None = None) -> int:
+        if instance is None:
+            return self  # type: ignore[return-value]  # the class's: the descriptor itself
+        return self._read(instance)
+
+    def __set__(self, instance: object, value: int) -> None:
+        raise AttributeError(f"{self._name} is the log identity's: read-only")
+
+
+class OfOneLog:
+    """An object of one log, whose :class:`LogIdentity` is ``identity``: its fields are the
+    object's own read-only attributes."""
+
+    identity: LogIdentity
+    session_id = _IdentityField()
+    stream_id = _IdentityField()
+    initial_term_id = _IdentityField()
+    term_length = _IdentityField()
+    mtu = _IdentityField()
+
+
+class LogBuffer(OfOneLog):
     """A mapped log file: term views, metadata access and atomic operations on it.
 
     The mapping stays valid until :meth:`close`; ``address`` is a cffi ``uint8_t *`` to the
@@ -239,16 +288,16 @@ class LogBuffer:
         if recorded != term_length:
             raise ValueError(f"{self.path} is not an initialised log buffer "
                              f"(term length {recorded}, file length {length})")
-        self.term_length = term_length
-        self.meta_offset = PARTITION_COUNT * self.term_length
+        self.meta_offset = PARTITION_COUNT * term_length
         self.meta = self.address + self.meta_offset
-        self.initial_term_id = self._get_i32(META_INITIAL_TERM_ID)
-        self.mtu = self._get_i32(META_MTU_LENGTH)
-        self.position_bits = position_bits_to_shift(self.term_length)
-        self.max_message_length = max_message_length(self.term_length)
+        self.identity = LogIdentity(
+            self.default_header_field("<i", SESSION_ID_FIELD),
+            self._get_i32(META_INITIAL_TERM_ID), term_length,
+            stream_id=self.default_header_field("<i", STREAM_ID_FIELD),
+            mtu=self._get_i32(META_MTU_LENGTH))
+        self.position_bits = position_bits_to_shift(term_length)
+        self.max_message_length = max_message_length(term_length)
         self.max_payload = self.mtu - HEADER_LENGTH
-        self.session_id = self.default_header_field("<i", SESSION_ID_FIELD)
-        self.stream_id = self.default_header_field("<i", STREAM_ID_FIELD)
         if populate if populate is not None else not self.is_sparse:
             self._populate(writable)
         else:
@@ -536,11 +585,7 @@ def new_appender(log: LogBuffer, publication_limit):  # -> cffi ss_appender_t *
     appender.log = log.address
     appender.meta = log.meta
     appender.publication_limit = publication_limit
-    appender.term_length = log.term_length
-    appender.position_bits = log.position_bits
-    appender.initial_term_id = log.initial_term_id
-    appender.session_id = log.session_id
-    appender.stream_id = log.stream_id
+    log.identity.copy_into(appender)
     appender.max_payload = log.max_payload
     appender.max_message_length = log.max_message_length
     appender.max_position = max_possible_position(log.term_length)

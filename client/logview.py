@@ -19,7 +19,7 @@ from slipstream.client import DataLossError, Image, InvalidArgumentError
 from slipstream.client._native import lib
 from slipstream.client.holding import HolderLink
 from slipstream.client.layout import FRAME_ALIGNMENT, INT64_MAX, MAX_MESSAGE_LENGTH
-from slipstream.client.logbuffer import LogIdentity
+from slipstream.client.logbuffer import LogIdentity, OfOneLog
 from slipstream.client.retention import (
     NO_LIMIT,
     TermAt,
@@ -212,14 +212,13 @@ def walk_log(term_at: TermAt, term_length: int, begin: int, end: int,
     return Walk(position, messages, size, stop)
 
 
-class LogView:
+class LogView(OfOneLog):
     """One session's log as the planner sees it.  The attributes describe the log (its
     identity, where it is) and the subscriber position that holds it, as of when the view was
     taken; the methods ask the log itself."""
 
-    session_id: int
-    stream_id: int
-    #: Which log of the session it is (a session's log made anew is another).
+    #: Which log of the session it is (a session's log made anew is another); its fields
+    #: (``session_id``, ``stream_id``, ...) are the view's attributes too.
     identity: LogIdentity
     log_path: str
     #: Where the holding subscription joined: the log holds nothing before it.
@@ -330,8 +329,6 @@ class ImageView(LogView):
 
     def __init__(self, image: Image) -> None:
         self.image = image
-        self.session_id = image.session_id
-        self.stream_id = image.stream_id
         self.identity = image.identity
         self.log_path = image.log_path
         self.join_position = image.join_position
@@ -469,7 +466,7 @@ def view_answer(view: LogView, method: str, args: dict[str, Any]) -> Any:
 def snapshot(view: LogView) -> dict[str, Any]:
     """What a holder tells a remote planner about one of its logs, as JSON values."""
     return {"stream_id": view.stream_id, "initial_term_id": view.identity.initial_term_id,
-            "term_length": view.identity.term_length, "log_path": view.log_path,
+            "term_length": view.identity.term_length, "mtu": view.mtu, "log_path": view.log_path,
             "join_position": view.join_position, "position": view.position,
             "available": view.available_position(), "earliest": view.earliest_position(),
             "end_of_stream": view.end_of_stream}
@@ -486,10 +483,10 @@ class RemoteView(LogView):
     def __init__(self, link: HolderLink, key: dict[str, Any], session_id: int,
                  state: dict[str, Any]) -> None:
         self._link = link
-        self.session_id = session_id
-        self.stream_id = int(state["stream_id"])
+        # mtu 0: a holder of an earlier version does not say (nothing here reads it).
         self.identity = LogIdentity(session_id, int(state["initial_term_id"]),
-                                    int(state["term_length"]))
+                                    int(state["term_length"]), stream_id=int(state["stream_id"]),
+                                    mtu=int(state.get("mtu", 0)))
         self._key = key if "recording_id" in key else \
             {**key, "session_id": session_id, "log": [*self.identity.framing]}
         self.log_path = str(state["log_path"])

@@ -48,6 +48,7 @@ from slipstream.client.idle import progress as idle_progress
 from slipstream.client.layout import HEADER_LENGTH, INT64_MAX, INT64_MIN
 from slipstream.client.logbuffer import (
     LogBuffer,
+    OfOneLog,
     compute_term_id,
     index_by_position,
     new_appender,
@@ -252,7 +253,7 @@ def _int32_lengths(lengths: Sequence[int] | Buffer) -> array | memoryview:
         raise InvalidArgumentError("lengths", f"not a sequence of int32 lengths: {e}") from None
 
 
-class Publication(ClosedOnExit):
+class Publication(ClosedOnExit, OfOneLog):
     """A handle on a stream for offering messages.  Create with ``Client.add_publication``."""
 
     def __init__(self, client: ResourceOwner, channel: str, stream_id: int, registration_id: int,
@@ -265,14 +266,12 @@ class Publication(ClosedOnExit):
         credit (None: Aeron's codes); ``drops_counter_id``: the stream's ``pub-drops``;
         ``durable_counter_ids``: with ``durable=``, its ``pub-durable`` and ``durable-rcv``."""
         self.channel = channel
-        self.stream_id = stream_id
         self.registration_id = registration_id
-        self.session_id = log.session_id
-        #: The term id the stream started at (its SETUP carries it; positions count from it).
-        self.initial_term_id = log.initial_term_id
+        #: What names its log (its initial term id: the term id the stream started at, which
+        #: its SETUP carries and its positions count from); its fields are its attributes too.
+        self.identity = log.identity
         self.max_message_length = log.max_message_length
         self.max_payload_length = log.max_payload
-        self.term_length = log.term_length
         self._client = client
         self._log = log
         self._limit = client.counters.address(limit_counter_id)

@@ -456,6 +456,7 @@ def test_a_replay_of_a_range_the_live_log_no_longer_holds_is_refused_lost_or_ski
         sid = str(ingest.publication.session_id)
         state = link.call("state", **key)["sessions"][sid]
         framing = (state["initial_term_id"], state["term_length"])
+        identity = LogIdentity(int(sid), *framing, stream_id=STREAM, mtu=state["mtu"])
         end = state["available"]  # every message (and the padding that ends each term)
         assert end >= total * FRAME, state
         with pytest.raises(RecordingLostError, match="no longer holds position 0") as lost:
@@ -466,7 +467,7 @@ def test_a_replay_of_a_range_the_live_log_no_longer_holds_is_refused_lost_or_ski
         def task(fail_on_data_loss: bool) -> SlipstreamPartition:
             return SlipstreamPartition(
                 int(sid), STREAM, state["log_path"], 0, end, str(ingest.spark_dir),
-                fail_on_data_loss, "127.0.0.2", log=LogIdentity(int(sid), *framing),
+                fail_on_data_loss, "127.0.0.2", log=identity,
                 driver="another driver run", holder=("127.0.0.2", HOLDER_PORT,
                                                      DEFAULT_CONTROL_STREAM_ID),
                 replay_timeout_ms=10_000, held=key)
@@ -499,13 +500,14 @@ def test_a_replay_of_a_session_the_holding_archive_no_longer_has_is_lost_not_an_
         state = next(iter(link.call("state", **key)["sessions"].values()))
         framing = (state["initial_term_id"], state["term_length"])
         gone = ingest.publication.session_id + 1
+        identity = LogIdentity(gone, *framing, stream_id=STREAM, mtu=state["mtu"])
         with pytest.raises(RecordingLostError, match=f"has no session {gone}"):
             archive.replay_held(key, gone, framing, 0, 10 * FRAME)
 
         def task(fail_on_data_loss: bool) -> SlipstreamPartition:
             return SlipstreamPartition(
                 gone, STREAM, state["log_path"], 0, 10 * FRAME, str(ingest.spark_dir),
-                fail_on_data_loss, "127.0.0.2", log=LogIdentity(gone, *framing),
+                fail_on_data_loss, "127.0.0.2", log=identity,
                 driver="another driver run", holder=("127.0.0.2", HOLDER_PORT,
                                                      DEFAULT_CONTROL_STREAM_ID),
                 replay_timeout_ms=10_000, held=key)
@@ -551,11 +553,12 @@ def test_a_held_range_with_aborted_claims_padding_is_replayed_around_it(
         answer = link.call("state", **key)
         state = answer["sessions"][sid]
         framing = (state["initial_term_id"], state["term_length"])
+        identity = LogIdentity(int(sid), *framing, stream_id=STREAM, mtu=state["mtu"])
 
         def task(directory: Path, start: int) -> list[tuple[bytes, int, int]]:
             return values([SlipstreamPartition(
                 int(sid), STREAM, state["log_path"], start, end, str(directory), True,
-                "127.0.0.2", log=LogIdentity(int(sid), *framing), driver=answer["driver"],
+                "127.0.0.2", log=identity, driver=answer["driver"],
                 holder=("127.0.0.2", HOLDER_PORT, DEFAULT_CONTROL_STREAM_ID),
                 replay_timeout_ms=10_000, held=key)])
 

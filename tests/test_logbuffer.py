@@ -606,7 +606,7 @@ def test_an_image_says_what_its_log_is_and_where_its_frames_are(shm: Path) -> No
     assert offer(appender, b"second") > first
     image = Image.detached(str(log.path), 0)
     try:
-        assert image.identity == LogIdentity(42, -5, TERM_MIN_LENGTH)
+        assert image.identity == LogIdentity(42, -5, TERM_MIN_LENGTH, stream_id=1001, mtu=1408)
         assert image.identity.framing == (-5, TERM_MIN_LENGTH)
         assert image.producer_position() == log.producer_position()
         length, _, _, _, term_offset, session, stream, term_id = image.frame_header(first)[:8]

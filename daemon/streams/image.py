@@ -84,6 +84,7 @@ from slipstream.client.frames import (
 from slipstream.client.layout import NO_DEADLINE, resend_reach
 from slipstream.client.logbuffer import (
     LogBuffer,
+    OfOneLog,
     compute_position,
     compute_term_id,
     write_padding,
@@ -128,7 +129,7 @@ class ImagePositions:
         return cls(ffi.new("int64_t *"), ffi.new("int64_t *"))
 
 
-class PublicationImage:
+class PublicationImage(OfOneLog):
     """Receiver state of one (session, stream) from one sender.  See the module docstring."""
 
     def __init__(self, *, log: LogBuffer, setup: Setup, params: SubscriptionParams,
@@ -150,11 +151,9 @@ class PublicationImage:
         self.log = log
         self.counters = counters
         self.positions = positions
-        self.session_id = setup.session_id
-        self.stream_id = setup.stream_id
-        self.initial_term_id = setup.initial_term_id
-        self.term_length = term_length = setup.term_length
-        self.position_bits = term_length.bit_length() - 1
+        self.identity = log.identity  # the SETUP's; its fields are this object's attributes too
+        term_length = setup.term_length
+        self.position_bits = log.position_bits
         self._mask = term_length - 1
         self.join_position = join = self._position(setup.active_term_id, setup.term_offset)
         cc = congestion_control_for(params, term_length, setup.mtu, now_ns)
@@ -178,7 +177,6 @@ class PublicationImage:
         self.receiver_id = receiver_id
         self.control_address = control_address
         self.source = source
-        self.sender_mtu = setup.mtu
         self.reliable = params.reliable
         self.is_group = params.image_is_group(setup.is_group)
         self.group_tag = params.group_tag
@@ -238,11 +236,7 @@ class PublicationImage:
         c.receiver_hwm = self._rcv_hwm
         c.receiver_hwm_counter = positions.receiver_hwm
         c.receiver_position_counter = positions.receiver_position
-        c.term_length = term_length
-        c.position_bits = self.position_bits
-        c.initial_term_id = self.initial_term_id
-        c.session_id = self.session_id
-        c.stream_id = self.stream_id
+        self.identity.copy_into(c)
         c.time_of_last_packet_ns = now_ns
         c.liveness_timeout_ns = self.liveness_timeout_ns
         c.eos_position = -1

@@ -207,7 +207,7 @@ def _owned(**groups: str) -> dict[str, str]:
 #: Every public field and method of
 #: :class:`~slipstream.daemon.streams.publication.NetworkPublication`, by owner.
 PUBLICATION_THREADS: dict[str, str] = _owned(
-    fixed="""session_id stream_id initial_term_id term_length position_bits mtu
+    fixed="""identity session_id stream_id initial_term_id term_length position_bits mtu
         term_window_length params destination is_group is_unicast linger_timeout_ns
         connection_timeout_ns unblock_timeout_ns signal_eos response_correlation_id priority
         spies_simulate_connection positions publisher_limit log counters""",
@@ -229,8 +229,8 @@ PUBLICATION_THREADS: dict[str, str] = _owned(
 #: Every public field and method of :class:`~slipstream.daemon.streams.image.PublicationImage`,
 #: by owner.
 IMAGE_THREADS: dict[str, str] = _owned(
-    fixed="""session_id stream_id initial_term_id term_length position_bits join_position
-        wants_response log positions counters""",
+    fixed="""identity session_id stream_id initial_term_id term_length mtu position_bits
+        join_position wants_response log positions counters""",
     # window: an int the receiver rebinds as congestion control moves it (Aeron's
     # nextSmReceiverWindowLength, which its conductor reads the same way).
     sampled="rcv_pos rcv_hwm window has_been_heard",
@@ -241,7 +241,7 @@ IMAGE_THREADS: dict[str, str] = _owned(
         python_deadline_ns drop_connection end_without_subscribers leave on_rate_announce
         on_rttm seed_connection sync_c_half status_interval_factor
         status_message_due_position status_message_timeout_ns last_sm_position
-        liveness_timeout_ns group_tag is_group reliable receiver_id sender_mtu source""",
+        liveness_timeout_ns group_tag is_group reliable receiver_id source""",
 )
 
 #: Every public method of :class:`~slipstream.daemon.media.names.NameCache` (its answers:

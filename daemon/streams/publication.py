@@ -74,6 +74,7 @@ from slipstream.client.frames import (
 from slipstream.client.layout import NO_DEADLINE
 from slipstream.client.logbuffer import (
     LogBuffer,
+    OfOneLog,
     compute_term_id,
     max_message_length,
     unblock,
@@ -88,12 +89,7 @@ from slipstream.daemon.pressure.governor import COALESCE_NS, TOP_STEP
 from slipstream.daemon.protocol.log_cleaner import LogCleaner
 from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.retransmit import RetransmitBudget, RetransmitHandler
-from slipstream.daemon.protocol.types import (
-    Address,
-    Datagram,
-    ProtocolCounters,
-    sockaddr,
-)
+from slipstream.daemon.protocol.types import Address, Datagram, ProtocolCounters
 from slipstream.daemon.streams.durable import DurablePosition
 from slipstream.daemon.streams.receivers import PublicationReceivers, PublicationStatus
 from slipstream.daemon.streams.spies import PublicationSpies
@@ -142,7 +138,7 @@ class SenderPositions:
         return cls(*(ffi.new("int64_t *") for _ in range(7)))
 
 
-class NetworkPublication:
+class NetworkPublication(OfOneLog):
     """Sender state of one (session, stream) on a UDP channel.  See the module docstring."""
 
     def __init__(self, *, log: LogBuffer, params: PublicationParams, settings: DriverSettings,
@@ -160,13 +156,9 @@ class NetworkPublication:
         self.destination = destination
         self.positions = positions
         self.publisher_limit = positions.publisher_limit
-        self.session_id = log.session_id
-        self.stream_id = log.stream_id
-        self.initial_term_id = log.initial_term_id
-        self.term_length = log.term_length
+        self.identity = log.identity  # its fields are this object's attributes too
         self.position_bits = log.position_bits
         self._mask = log.term_length - 1
-        self.mtu = log.mtu
         window = params.term_window_length
         self.term_window_length = window
         self._trip_gain = window // 8
@@ -224,15 +216,11 @@ class NetworkPublication:
         c.short_sends = counters.address(SystemCounter.SHORT_SENDS)
         c.send_errors = counters.address(SystemCounter.SEND_ERRORS)
         c.time_of_last_send_ns = now_ns - HEARTBEAT_TIMEOUT_NS
-        c.term_length = log.term_length
-        c.position_bits = log.position_bits
+        self.identity.copy_into(c)
         c.mtu = log.mtu
         c.fd = -1
         c.virtual_room = -1  # without a socket: as many datagrams as it sends
         c.meta = log.meta
-        c.session_id = log.session_id
-        c.stream_id = log.stream_id
-        c.initial_term_id = log.initial_term_id
         c.max_message_length = max_message_length(log.term_length)
         c.signal_eos = int(self.signal_eos)
         c.priority = params.priority
@@ -241,7 +229,6 @@ class NetworkPublication:
         c.connection_timeout_ns = self.connection_timeout_ns
         c.nak_unknown_source_drops = counters.address(SystemCounter.NAK_UNKNOWN_SOURCE_DROPS)
         c.control_source_count = 0  # no receiver yet: no NAK counts
-        self._c_sources_version = 0  # of the receivers' bound addresses in the C table
         self._c_sm_seen = 0  # the C control path's SMs already taken (sm_count)
         self.retransmit_handler = RetransmitHandler(
             c, counters=counters, delay_ns=settings.retransmit_unicast_delay,
@@ -567,7 +554,7 @@ class NetworkPublication:
             # rejected the image sends none for it), within the grace; an SM of it after the
             # ERR says it is still there, and the ERR (forged from its address) is dropped.
             self._pending_errors.setdefault(frame.receiver_id, (frame, now_ns))
-        self._sync_control_sources()
+        self._receivers.sync_c_sources(self.c)
 
     def admits_status_message(self, sm: StatusMessage, source: Address, now_ns: int) -> bool:
         """Whether a status message naming ``sm.receiver_id`` from ``source`` may count
@@ -601,37 +588,6 @@ class NetworkPublication:
             self.counters.add(SystemCounter.RATE_SIGNAL_UNBACKED_DROPS)
             return False
         return True
-
-    def _set_c_sm_source(self) -> None:
-        """The C half takes SMs of its receiver only from the address it is bound to now (none
-        while it is not live: then every SM goes to this half)."""
-        c = self.c
-        bound = self._receivers.bound_source(c.sm_receiver_id)
-        raw = sockaddr(bound) if bound is not None else b""
-        c.sm_source_length = 0
-        network_ffi.memmove(c.sm_source, raw, len(raw))
-        c.sm_source_length = len(raw)
-
-    def _sync_control_sources(self) -> None:
-        """Hand the live receivers' bound addresses to the C half (the NAK rule, and the
-        address its SMs come from), when they changed since the last time: at once, since the
-        C half reads the rest of a batch before the pass ends."""
-        receivers = self._receivers
-        if receivers.version == self._c_sources_version:
-            return
-        self._c_sources_version = receivers.version
-        self._set_c_sm_source()
-        c = self.c
-        sources = sorted(receivers.sources())
-        if len(sources) > network.SS_CONTROL_SOURCES_MAX:
-            c.control_source_count = network.SS_CONTROL_SOURCES_UNKNOWN  # Python checks
-            return
-        c.control_source_count = 0  # while it is rewritten: no NAK counts in between
-        for i, source in enumerate(sources):
-            raw = sockaddr(source)
-            network_ffi.memmove(c.control_sources[i], raw, len(raw))
-            c.control_source_lengths[i] = len(raw)
-        c.control_source_count = len(sources)
 
     def take_c_status_messages(self) -> None:
         """Record the status messages the C control path took since the last look (see
@@ -688,7 +644,7 @@ class NetworkPublication:
                 c.sm_count = c.sm_position = self._c_sm_seen = 0
                 c.sm_receiver_id = receiver_id
                 c.sm_time_ns = last_sm_ns
-            self._set_c_sm_source()
+            self._receivers.set_c_sm_source(c)
             # The C half's liveness rule reads it: an SM this half took counts too.
             c.sm_time_ns = max(c.sm_time_ns, last_sm_ns)
         c.sm_in_c = int(take)
@@ -935,7 +891,7 @@ class NetworkPublication:
     # -- the sender thread's: liveness, limits and state (the conductor's duties in Aeron) ---
     def _update_has_receivers(self, now_ns: int) -> None:
         self._receivers.expire(now_ns, self.connection_timeout_ns)
-        self._sync_control_sources()
+        self._receivers.sync_c_sources(self.c)
 
     def _update_connected(self, now_ns: int) -> None:
         connected = ((bool(self._receivers) and self.flow_control.has_required_receivers()
@@ -1000,7 +956,7 @@ class NetworkPublication:
                 self._publish_durable()
         if due:
             self._update_connected(now_ns)
-            self._sync_control_sources()
+            self._receivers.sync_c_sources(self.c)
 
     def _conductor_duties(self, now_ns: int) -> None:
         self.take_c_status_messages()  # the receivers' liveness first

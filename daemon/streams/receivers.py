@@ -4,17 +4,23 @@ A receiver is *live* while its status messages arrive within the publication's c
 timeout and it has not sent EOS or an ERR (docs/DRIVER.md §3.3): Aeron's
 ReceiverLivenessTracker (``receiver_liveness_tracker`` in aeron_network_publication.c), with
 what each receiver acknowledged (the position of its last status message) and where its
-status messages come from.  :class:`PublicationReceivers` is the sender thread's;
-:class:`PublicationStatus` is what that thread publishes of it for the conductor's.
+status messages come from.  :class:`PublicationReceivers` is the sender thread's, and keeps
+the C half's copy of their addresses (the NAK rule's table, the source of the SMs the C half
+takes) in step with them; :class:`PublicationStatus` is what that thread publishes of it for
+the conductor's.
 
 Units: times in ns (monotonic), positions in bytes.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
-from slipstream.daemon.protocol.types import Address
+from slipstream.daemon._network import ffi as network_ffi
+from slipstream.daemon._network import lib as network
+from slipstream.daemon.protocol.types import Address, sockaddr
 
 
 @attrs.frozen
@@ -88,6 +94,7 @@ class PublicationReceivers:
         #: Bumped whenever the set of addresses may have changed (the C half's table follows
         #: it).
         self.version = 0
+        self._c_version = 0  # of the addresses in the C half's table (sync_c_sources)
 
     def admits(self, receiver_id: int, source: Address, now_ns: int) -> bool:
         """Whether a status message naming ``receiver_id`` from ``source`` may count at
@@ -188,6 +195,36 @@ class PublicationReceivers:
                     del addresses[address]
                 if stale:
                     self.version += 1
+
+    # -- the C half's copy: what its NAK rule and status-message path read ----------------
+    def set_c_sm_source(self, c: Any) -> None:
+        """The C half of ``c`` (a cffi ``ss_send_publication_t *``) takes SMs of its receiver
+        (``c.sm_receiver_id``) only from the address that receiver is bound to now (none
+        while it is not live: then every SM goes to the Python half)."""
+        bound = self.bound_source(c.sm_receiver_id)
+        raw = sockaddr(bound) if bound is not None else b""
+        c.sm_source_length = 0
+        network_ffi.memmove(c.sm_source, raw, len(raw))
+        c.sm_source_length = len(raw)
+
+    def sync_c_sources(self, c: Any) -> None:
+        """Hand the live receivers' addresses to the C half of ``c`` (the NAK rule, and the
+        address its SMs come from), when they changed since the last time: at once, since the
+        C half reads the rest of a batch before the pass ends."""
+        if self.version == self._c_version:
+            return
+        self._c_version = self.version
+        self.set_c_sm_source(c)
+        sources = sorted(self.sources())
+        if len(sources) > network.SS_CONTROL_SOURCES_MAX:
+            c.control_source_count = network.SS_CONTROL_SOURCES_UNKNOWN  # Python checks
+            return
+        c.control_source_count = 0  # while it is rewritten: no NAK counts in between
+        for i, source in enumerate(sources):
+            raw = sockaddr(source)
+            network_ffi.memmove(c.control_sources[i], raw, len(raw))
+            c.control_source_lengths[i] = len(raw)
+        c.control_source_count = len(sources)
 
     def last_status_message_ns(self) -> dict[int, int]:
         """receiver id -> when its last status message came (ns): a copy."""
