@@ -166,15 +166,16 @@ typedef struct {
 
 enum { EXCHANGE_FREE, EXCHANGE_PENDING, EXCHANGE_DONE };
 
-/* An exchange this endpoint answered (the responder's side): the INIT's ephemeral key, the
- * answer (the same one for a repeated INIT), and the key of the initiator's CONFIRM. */
+/* An exchange this endpoint answered (the responder's side): the INIT as it came (a repeated
+ * INIT is the same bytes: the initiator sends its INIT again unchanged), the answer (the same
+ * one for a repeated INIT), and the key of the initiator's CONFIRM. */
 typedef struct {
     int32_t used;
     int32_t confirmed;
     uint64_t exchange_id;
     int32_t address_length;
     uint8_t address[SS_SOCKADDR_MAX];
-    uint8_t initiator[DH_LENGTH];
+    uint8_t init[SS_HANDSHAKE_INIT_LENGTH];
     uint8_t answer[SS_HANDSHAKE_ANSWER_LENGTH];
     uint8_t confirm_key[SECRET_LENGTH];
     uint64_t answered_ms, sent_ms;
@@ -1293,10 +1294,11 @@ static int32_t answer_init(ss_crypto_t *c, const uint8_t *data, const key_slot_t
     answer_t *slot = NULL, *oldest = NULL;
     for (int32_t i = 0; i < ANSWERS_MAX; i++) {
         answer_t *a = &c->answers[i];
-        if (a->used && a->exchange_id == exchange_id &&
-            memcmp(a->initiator, initiator, DH_LENGTH) == 0) {
+        if (a->used && memcmp(a->init, data, SS_HANDSHAKE_INIT_LENGTH) == 0) {
             /* A repeated INIT (its answer lost, or a replay): the same answer, which only
-             * the holder of the INIT's ephemeral key can read. */
+             * the holder of the INIT's ephemeral key can read.  Every byte is compared, the
+             * sealed timestamp and its tag too: one that differs anywhere was not verified,
+             * and is verified below like any new INIT. */
             if (ms < a->sent_ms + ANSWER_RESEND_MS || source == NULL) {
                 count(c->counters.handshake_limited_drops, 1);
                 return SS_OPEN_HANDSHAKE_REFUSED;
@@ -1374,7 +1376,7 @@ static int32_t answer_init(ss_crypto_t *c, const uint8_t *data, const key_slot_t
     init_answered(c, initiator, init_sent_ms);
     slot->used = 1;
     slot->exchange_id = exchange_id;
-    memcpy(slot->initiator, initiator, DH_LENGTH);
+    memcpy(slot->init, data, SS_HANDSHAKE_INIT_LENGTH);
     memcpy(slot->address, source, (size_t)source_length);
     slot->address_length = source_length;
     slot->answered_ms = slot->sent_ms = ms;

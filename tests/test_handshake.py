@@ -37,6 +37,7 @@ from slipstream.client.layout import (
     HANDSHAKE_CONFIRM_LENGTH,
     HANDSHAKE_INIT,
     HANDSHAKE_INIT_LENGTH,
+    HANDSHAKE_INIT_TIMESTAMP_FIELD,
     HDR_TYPE_EXT,
     SEALED_HEADER,
     SEALED_HEADER_LENGTH,
@@ -368,7 +369,7 @@ def test_mangled_handshake_datagrams_are_dropped_counted_and_harmless(counters, 
                  and "HANDSHAKES" not in c.name)
     target, at = (subscriber, PUBLISHER) if which == "answer" else (publisher, SUBSCRIBER)
     verdict = target.open(mangled, at)
-    if verdict == TAKEN:  # a flip in the INIT's clear length or flags that still reads
+    if verdict == TAKEN:
         pytest.fail(f"a mangled {which} was taken")
     assert verdict < 0
     assert sum(counters.get(c) for c in SystemCounter if "CRYPTO" in c.name
@@ -378,6 +379,31 @@ def test_mangled_handshake_datagrams_are_dropped_counted_and_harmless(counters, 
     deliver(subscriber, SUBSCRIBER, publisher)
     assert subscriber.open(publisher.seal(b"y"), PUBLISHER) == b"y"
     assert publisher.open(subscriber.seal(b"z"), SUBSCRIBER) == b"z"
+
+
+def test_only_the_same_init_again_gets_the_answer_again(counters) -> None:
+    """An INIT answered, then one that differs from it in any byte (its sealed timestamp or
+    tag too, where a repeat matched on the exchange id and ephemeral key alone would still
+    pass) once the answer may be sent again: no answer, nothing taken; the same bytes again
+    get the same answer.  The responder's clock is moved a second on, past the 50 ms an
+    answer waits before it goes again, so no rate limit refuses first."""
+    publisher, subscriber = endpoint(counters), endpoint()
+    subscriber.open(publisher.seal(b"x"), PUBLISHER)
+    [(init, _)] = subscriber.take_handshakes()
+    assert publisher.open(init, SUBSCRIBER) == TAKEN
+    [(answer, _)] = publisher.take_handshakes()
+    network.ss_crypto_set_clock_offset(publisher.c, 1)
+    sealed_timestamp = range(HANDSHAKE_INIT_TIMESTAMP_FIELD, HANDSHAKE_INIT_LENGTH)
+    for at in range(HANDSHAKE_INIT_LENGTH):
+        changed = bytearray(init)
+        changed[at] ^= 0x01
+        failed = counters.get(SystemCounter.CRYPTO_HANDSHAKE_FAILED_DROPS)
+        assert publisher.open(bytes(changed), SUBSCRIBER) != TAKEN, f"byte {at} flipped"
+        assert publisher.take_handshakes() == []
+        if at in sealed_timestamp:  # verified, as any new INIT is, and its tag fails
+            assert counters.get(SystemCounter.CRYPTO_HANDSHAKE_FAILED_DROPS) == failed + 1
+    assert publisher.open(init, SUBSCRIBER) == TAKEN
+    assert publisher.take_handshakes() == [(answer, SUBSCRIBER)]
 
 
 def test_an_endpoint_answers_at_most_64_new_exchanges_a_second(counters) -> None:
