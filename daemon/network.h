@@ -387,7 +387,7 @@ typedef struct {
     int32_t heartbeat_in_c;
     int32_t end_of_stream;
     int32_t signal_eos;
-    int64_t eos_heartbeats_sent;  /* out: those sent since end_of_stream */
+    int64_t eos_heartbeats_sent;  /* out: those sent since end_of_stream (a failed send not) */
     int64_t *heartbeats_sent;     /* system counter */
     /* pub-lmt, moved by the C half while Python sets limit_in_c (active, connected, taking
      * offers, no credit stop): once snd-pos reached pub-lmt's next step (last_publisher_limit

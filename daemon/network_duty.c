@@ -533,8 +533,8 @@ int32_t ss_publication_heartbeat(ss_send_publication_t *p, int64_t now_ns) {
     /* Through the endpoint's send as the data goes, counted there. */
     const int32_t result = ss_send_channel_send_frame(p, frame, sizeof frame, NULL, 0);
     p->time_of_last_send_ns = now_ns; /* the next in a timeout, whatever became of this */
+    if (result < 0) return 0; /* not sent: a drain waits for one that is, or its timeout */
     if (p->end_of_stream) p->eos_heartbeats_sent++;
-    if (result < 0) return 0;
     count(p->heartbeats_sent, 1);
     return 1;
 }
