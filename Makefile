@@ -113,7 +113,7 @@ LANE_NEEDS_hosts   := tools
 LANE_NEEDS_interop := aeron
 LANE_NEEDS_spark   := java
 LANE_NEEDS_containers := containers
-LANE_NEEDS_arm64   := tools arm64
+LANE_NEEDS_arm64   := tools containers arm64
 
 # On both cores (pytest-xdist): the simulator's scenarios are CPU-bound, in virtual time.
 test-fast: install
