@@ -72,12 +72,14 @@ tools:
 # by debootstrap (scripts/ensure-containers), then the wheelhouse of `make wheel` (built by
 # IMAGE_PYTHON, default the venv's, which has auditwheel) and `podman build`
 # (scripts/build-image): localhost/slipstream:latest.  IMAGE_LABEL=KEY=VALUE labels it (the
-# tests' images carry their session's).
+# tests' images carry their session's).  IMAGE_ARCH=arm64 builds the arm64 image
+# (IMAGE:latest-arm64) from the aarch64 wheel, under qemu-user (make arm64 sets it up).
 IMAGE_PYTHON ?=
 IMAGE_LABEL ?=
-image: containers $(if $(IMAGE_PYTHON),,install)
+IMAGE_ARCH ?=
+image: containers $(if $(IMAGE_PYTHON),,install) $(if $(IMAGE_ARCH),arm64,)
 	PYTHON=$(if $(IMAGE_PYTHON),$(IMAGE_PYTHON),$(BIN)/python) scripts/build-image \
-	    $(if $(IMAGE_LABEL),--label '$(IMAGE_LABEL)',)
+	    $(if $(IMAGE_LABEL),--label '$(IMAGE_LABEL)',) $(if $(IMAGE_ARCH),--arch $(IMAGE_ARCH),)
 
 containers:
 	@scripts/ensure-containers
@@ -111,7 +113,7 @@ LANE_NEEDS_hosts   := tools
 LANE_NEEDS_interop := aeron
 LANE_NEEDS_spark   := java
 LANE_NEEDS_containers := containers
-LANE_NEEDS_arm64   := tools arm64
+LANE_NEEDS_arm64   := tools containers arm64
 
 # On both cores (pytest-xdist): the simulator's scenarios are CPU-bound, in virtual time.
 test-fast: install

@@ -14,6 +14,10 @@ What this proves of memory ordering is bounded: the C extensions' acquire loads,
 stores, fetch-and-adds and compare-and-swaps run as aarch64 instructions, but qemu-user runs
 them on this machine's x86_64 order (TSO), which reorders less than an arm64 CPU may; a
 reordering only a weaker machine makes is not produced here (docs/OPERATIONS.md).
+
+The arm64 image (``scripts/build-image --arch arm64``) is built from the session's
+wheelhouse under qemu-user too (``podman build --platform linux/arm64``), and its driver
+started in a container of it.
 """
 
 from __future__ import annotations
@@ -30,6 +34,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from containers import (
+    SESSION_LABEL,
+    TEST_IMAGE,
+    Containers,
+    needs_podman,
+    podman,
+    remove_stale_images,
+    session_owner,
+)
 from helpers import lacking
 from installed import CHECKOUT, INSTALL_TIMEOUT_S, WORK_PARENT, build_wheel
 from test_other_pythons import PROGRAMS, RUN_BLOCK, _blocks, run_in_root
@@ -331,3 +344,58 @@ def test_the_log_buffers_concurrency_tests_pass_on_aarch64_under_qemu(
     summary = output.splitlines()[-1]
     assert summary.startswith(f"{len(ORDERING_TESTS)} passed, "), output
     assert "failed" not in summary and "error" not in summary, output
+
+
+#: The arm64 image's build, cold but for its base (bookworm's arm64 packages unpacked, kept as
+#: the x86_64 one is): the build stage under qemu-user on a loaded machine.
+ARM64_IMAGE_BUILD_TIMEOUT_S = 600
+#: The arm64 driver's start in its container under qemu, to its health check's first pass.
+ARM64_DRIVER_START_S = 120
+
+
+@pytest.mark.timeout(INSTALL_TIMEOUT_S + 600 + ARM64_IMAGE_BUILD_TIMEOUT_S + 300)
+def test_the_arm64_image_builds_under_qemu_and_its_driver_runs_in_a_container_of_it(
+        arm64_wheelhouse: Path) -> None:
+    """``scripts/build-image --arch arm64`` builds the image for arm64 from the session's
+    wheelhouse (its aarch64 wheel; the build stage under qemu-user): an arm64 image whose
+    container runs the driver as aarch64 code, healthy (the image's health check connects
+    to it), ``slipstream stat`` in it reads the running driver, and ``podman stop`` ends it
+    with status 0 (drained).  The image and containers made here are removed after."""
+    needs_podman()
+    env = build_wheel.clean_environment()
+    env.update(IMAGE=TEST_IMAGE, PYTHON=sys.executable)
+    build_image = [str(CHECKOUT / "scripts" / "build-image"), "--arch", "arm64"]
+    remove_stale_images()
+    tag = subprocess.run([*build_image, "--print-tag"], env=env, check=True,
+                         capture_output=True, text=True, timeout=120).stdout.strip()
+    assert tag.endswith("-arm64"), tag
+    built = False
+    made = Containers(tag)
+    try:
+        if podman("image", "exists", tag, check=False).returncode != 0:
+            built = True
+            build = subprocess.run(
+                [*build_image, "--no-latest", "--wheelhouse", str(arm64_wheelhouse),
+                 "--label", f"{SESSION_LABEL}={session_owner()}"],
+                env=env, capture_output=True, text=True, timeout=ARM64_IMAGE_BUILD_TIMEOUT_S,
+                stdin=subprocess.DEVNULL)
+            assert build.returncode == 0, f"{build.stdout[-4000:]}{build.stderr[-4000:]}"
+            assert build.stdout.strip().splitlines()[-1] == tag, build.stdout
+        platform = podman("image", "inspect", "--format", "{{.Os}}/{{.Architecture}}",
+                          tag).stdout.strip()
+        assert platform == "linux/arm64", platform
+        name = made.run("driver", "--platform=linux/arm64", "--ipc=shareable",
+                        "--shm-size=256m", "--network=none", "--stop-timeout=15")
+        made.wait_healthy(name, timeout=ARM64_DRIVER_START_S)
+        assert "running in /dev/shm/slipstream" in made.logs(name)
+        machine = podman("exec", name, "uname", "-m").stdout.strip()
+        assert machine == "aarch64", machine
+        stat = podman("exec", name, "slipstream", "stat", "--once",
+                      timeout=ARM64_DRIVER_START_S).stdout
+        assert stat.startswith("slipstream driver pid 1 in /dev/shm/slipstream"), stat
+        podman("stop", "--time=15", name, timeout=60)
+        assert made.wait(name) == 0, made.logs(name)
+    finally:
+        made.remove_all()
+        if built:  # by name, not forced: only what this test made
+            podman("rmi", tag, check=False)

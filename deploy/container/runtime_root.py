@@ -23,7 +23,12 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
+
+#: Debian's multiarch name of the machine the image is for (this Python's, the base's):
+#: x86_64-linux-gnu or aarch64-linux-gnu, the folder of its libraries under /usr/lib.
+MULTIARCH: str = sysconfig.get_config_var("MULTIARCH")
 
 #: Paths (prefixes) of the packages' files that are left out, each with why.
 LEFT_OUT: dict[str, str] = {
@@ -35,8 +40,8 @@ LEFT_OUT: dict[str, str] = {
     "/usr/share/gdb/": "debugger scripts",
     "/usr/share/gcc/": "libstdc++'s debugger pretty-printers",
     "/usr/share/debianutils/": "the shells list's fragments (dpkg's triggers read them)",
-    "/usr/lib/x86_64-linux-gnu/gconv/": "iconv's converters: Python's codecs are its own",
-    "/usr/lib/x86_64-linux-gnu/libmvec.": "glibc's vector maths, for code built to use it: none",
+    f"/usr/lib/{MULTIARCH}/gconv/": "iconv's converters: Python's codecs are its own",
+    f"/usr/lib/{MULTIARCH}/libmvec.": "glibc's vector maths, for code built to use it: none",
     "/usr/lib/python3.11/test/": "CPython's own test suite",
     "/usr/lib/python3.11/idlelib/": "the IDLE editor (needs Tk)",
     "/usr/lib/python3.11/tkinter/": "Tk bindings (no Tk here)",
@@ -75,7 +80,7 @@ FROM_BUILD = ("/opt/slipstream", "/usr/local/bin", "/etc/slipstream", "/etc/pass
 #: that list an image's packages and their known vulnerabilities (there is no dpkg to ask).
 STATUS_DIR = "var/lib/dpkg/status.d"
 #: Compilers that must not be in the image (nothing in it is built).
-COMPILERS = ("cc", "gcc", "c++", "g++", "clang", "x86_64-linux-gnu-gcc")
+COMPILERS = ("cc", "gcc", "c++", "g++", "clang", f"{MULTIARCH}-gcc")
 #: Debian's merged /usr: these are links into /usr, as in the base.
 MERGED = {"bin": "usr/bin", "sbin": "usr/sbin", "lib": "usr/lib", "lib64": "usr/lib64"}
 #: Directories every process may write to (sticky).
@@ -90,8 +95,10 @@ OPTIONAL = {"pyspark", "pyarrow", "pandas", "matplotlib", "numpy", "hdrh"}
 NOT_CHECKED = "slipstream.spark_bridge"
 #: The first bytes of an ELF file.
 ELF_MAGIC = b"\x7fELF"
-#: The dynamic loader, inside the tree: ``LOADER --list FILE`` names FILE's libraries.
-LOADER = "/lib64/ld-linux-x86-64.so.2"
+#: The dynamic loader of each machine, inside the tree: ``LOADER --list FILE`` names FILE's
+#: libraries.
+LOADERS = {"x86_64-linux-gnu": "/lib64/ld-linux-x86-64.so.2",
+           "aarch64-linux-gnu": "/lib/ld-linux-aarch64.so.1"}
 #: The build stage's chroot (coreutils): the checks run the tree's own programs in it.
 CHROOT = "/usr/sbin/chroot"
 
@@ -154,7 +161,7 @@ def share_libcrypto(root: Path) -> None:
     Debian security update keeps the release and changes the package's revision, so the
     wheel's copy may be the patched one.  The import check then loads every extension with
     all its symbols bound (Python's RTLD_NOW)."""
-    system = root / "usr/lib/x86_64-linux-gnu/libcrypto.so.3"
+    system = root / f"usr/lib/{MULTIARCH}/libcrypto.so.3"
     if not system.exists():
         return
     ours = openssl_version(system)
@@ -162,7 +169,7 @@ def share_libcrypto(root: Path) -> None:
         theirs = openssl_version(bundled)
         if ours and theirs and ours[0] == theirs[0] and ours > theirs:
             bundled.unlink()
-            bundled.symlink_to("/usr/lib/x86_64-linux-gnu/libcrypto.so.3")
+            bundled.symlink_to(f"/usr/lib/{MULTIARCH}/libcrypto.so.3")
             print(f"runtime_root: {bundled.relative_to(root)} (OpenSSL "
                   f"{'.'.join(map(str, theirs))}) -> the image's libcrypto (OpenSSL "
                   f"{'.'.join(map(str, ours))})")
@@ -192,6 +199,9 @@ def check_no_compiler(root: Path) -> None:
 
 def check_libraries(root: Path) -> None:
     """Every ELF file's libraries resolve inside ``root`` (its loader's ``--list``)."""
+    loader = LOADERS.get(MULTIARCH)
+    if loader is None or not os.path.lexists(root / loader.lstrip("/")):
+        fail(f"no dynamic loader of {MULTIARCH} in the tree (runtime_root knows {sorted(LOADERS)})")
     missing = []
     for folder, _dirs, names in os.walk(root):
         for name in names:
@@ -202,7 +212,7 @@ def check_libraries(root: Path) -> None:
                 if file.read(4) != ELF_MAGIC:
                     continue
             inside = "/" + str(path.relative_to(root))
-            listed = subprocess.run([CHROOT, str(root), LOADER, "--list", inside],
+            listed = subprocess.run([CHROOT, str(root), loader, "--list", inside],
                                     capture_output=True, text=True)
             for line in (listed.stdout + listed.stderr).splitlines():
                 if "not found" in line:
