@@ -38,7 +38,12 @@ import sniffio
 
 from slipstream.client._native import lib
 from slipstream.client.channel import PolicySpec
-from slipstream.client.errors import BackPressuredError, ClosedError, UsageError
+from slipstream.client.errors import (
+    BackPressuredError,
+    ClosedError,
+    DriverNotRunningError,
+    UsageError,
+)
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.client.messages import Buffer, FragmentHandler
 from slipstream.client.owner import ResourceOwner
@@ -72,6 +77,7 @@ class AsyncPublication(Protocol):
     def is_closed(self) -> bool: ...
     @property
     def durable_position(self) -> int | None: ...
+    def cut_off_error(self) -> DriverNotRunningError | ClosedError | None: ...
     def _wake_durable_waiters(self) -> None: ...
 
 
