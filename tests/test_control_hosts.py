@@ -17,9 +17,9 @@ attacker sends from its own address, which is why the spoofed frames are the att
 
 Meanwhile the publisher offers 1 KiB messages at a steady 4,000 a second.  Proof: every
 message arrives once and in order, the publisher is never NOT_CONNECTED nor held for half a
-receiver timeout (the rates under each attack are printed as figures), the NAK flood costs at most the retransmit
-budget, each drop is counted by its cause, and the ERRs' text reaches the driver's error log
-escaped, a few lines at most.  The figures go to the test's output (``-s``).
+receiver timeout (the rates under each attack are printed as figures), the NAK flood costs at
+most the retransmit budget, each drop is counted by its cause, and the ERRs' text reaches the
+driver's error log escaped, a few lines at most.  The figures go to the test's output (``-s``).
 
 Needs root (CI runs as root): skips without it, fails under CI=true.
 """
