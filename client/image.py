@@ -611,7 +611,11 @@ class Image(OfOneLog):
             probe = self.reader_at(position)
         else:
             probe._rewind(position)
-        yield probe
+        try:
+            yield probe
+        except BaseException:  # a handler's exception: its traceback may hold the views
+            probe.close()
+            raise
         if self._closed:
             probe.close()
             return

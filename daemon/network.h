@@ -981,7 +981,8 @@ typedef struct {
  * (heartbeat_in_c): after each Python pass, which sets that flag and the arrays. */
 void ss_agent_schedule_heartbeats(ss_agent_t *a);
 
-/* One duty cycle at now_ns: a receiver reads every endpoint with a socket (fd >= 0); a sender
+/* One duty cycle at now_ns: a receiver reads every endpoint with a socket (fd >= 0) that the
+ * loop's poll found readable (every one without the poll: ss_duty_loop_t); a sender
  * sends what each publication with a socket has ready (retransmissions first) and reads its
  * endpoints by the status-poll rule.  Then it decides whether the Python half is due (a->due,
  * see ss_agent_python_due).  Returns the work done. */

@@ -539,7 +539,8 @@ int32_t ss_publication_heartbeat(ss_send_publication_t *p, int64_t now_ns) {
     return 1;
 }
 
-/* The heartbeats of every publication (ss_publication_heartbeat). */
+/* The heartbeats of every publication (ss_publication_heartbeat), from a heap of timers keyed by
+ * when each is due next (a key may be early, never late). */
 /* Restore the heap order of the heartbeat timers below slot k. */
 static void heartbeat_sift_down(ss_agent_t *a, int32_t k) {
     int32_t *heap = a->heartbeat_heap;

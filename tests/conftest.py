@@ -10,12 +10,19 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import hypothesis
 import pytest
 from helpers import FAST_DRIVER_SETTINGS, NETWORK_SETTINGS, lacking
 
 # installed_venv: the wheel in a fresh venv; slipstream_image and containers: the image;
 # loops: the event loops the async tests marked anyio run under
 pytest_plugins = ["installed", "containers", "loops"]
+
+# Properties are judged by what each example does, not how fast: the unit and sim lanes run
+# niced beside the drivers' lanes (scripts/run-lanes), where an example may wait for the CPU
+# past hypothesis' default 200 ms deadline.
+hypothesis.settings.register_profile("slipstream", deadline=None)
+hypothesis.settings.load_profile("slipstream")
 
 #: The session's bytecode cache of the Python processes the tests start, made by
 #: :func:`pytest_configure` (None: the environment's own rule stands).

@@ -293,7 +293,7 @@ def test_a_simulated_host_chooses_among_its_own_addresses_not_the_machines() -> 
         [subscription] = [s for s in host.driver.network.subscriptions.values()
                           if s.stream_id == 99]
         assert str(subscription.channel.interface) == "10.0.0.3"
-        with pytest.raises(CommandRefusedError, match=r"interface.*sim0 10\.0\.0\.3/24"):
+        with pytest.raises(CommandRefusedError, match=r"interface.*sim0 10\.0\.0\.3/16"):
             host.driver.command({"type": control.ADD_SUBSCRIPTION, "stream_id": 98,
                                  "channel": f"{group}|interface=127.0.0.0/8",
                                  "correlation_id": 2})

@@ -47,6 +47,7 @@ C_ONLY = {
     "CRYPTO_SENDER_ID_LIFETIME_S", "CRYPTO_CLOCK_SKEW_S",
     "CRYPTO_SENDER_ID_MAX_AGE_S", "CRYPTO_KEY_LENGTH", "CRYPTO_KEYS_MAX",  # sealing.py's
     "SM_INVALID", "SM_AHEAD_OF_SENDER",  # network.h: ss_publication_status_message's refusals
+    "POLL_ENDPOINTS_MIN",  # network.h: from how many endpoints the loop polls its sockets
 }
 
 

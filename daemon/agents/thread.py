@@ -91,6 +91,7 @@ class NetworkThread:
         for doorbell in self.doorbells:
             self._epoll.register(doorbell.fileno(), select.EPOLLIN)
         self._registered: dict[object, int] = {}  # id(transport) (or a socket of one) -> fd
+        self._told_unregistered = False  # the warning that epoll refused a socket, once
         self._poll_events: Any = None  # the loop's poll array (ss_duty_loop_t.poll_events)
         #: The C loop (ss_duty_loop_t): its agents' C halves, the idle strategy and the park.
         c, self._agents_c = new_duty_loop(self.agents, counters)
@@ -207,8 +208,24 @@ class NetworkThread:
             if wanted.get(key) != fd:
                 with contextlib.suppress(OSError, ValueError):
                     self._epoll.unregister(fd)
+        unregistered: OSError | None = None
         for key, fd in wanted.items():
             if self._registered.get(key) != fd:
-                with contextlib.suppress(FileExistsError):
+                try:
                     self._epoll.register(fd, select.EPOLLIN)
+                except FileExistsError:
+                    pass
+                except OSError as e:  # ENOSPC (max_user_watches), ENOMEM
+                    unregistered = e
+        if unregistered is not None:
+            # A socket epoll does not watch would never be marked readable: without the
+            # poll's array the loop reads every socket each cycle, as below
+            # SS_POLL_ENDPOINTS_MIN endpoints, and the next pass registers them again.
+            self._poll_events = None
+            self.c.poll_events, self.c.poll_capacity = network_ffi.NULL, 0
+            if not self._told_unregistered:
+                self._told_unregistered = True
+                log.warning("epoll refused a socket (%s): the network thread reads every "
+                            "socket each cycle until it takes them all", unregistered)
+            return
         self._registered = wanted
