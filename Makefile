@@ -95,10 +95,9 @@ arm64: install
 run: install
 	$(BIN)/slipstream demo $(if $(DIR),--dir $(DIR),)
 
-# The lanes run in groups side by side (scripts/run-lanes says which and why; the arm64
-# group makes `arm64` first), each group's report printed as it ends; Ctrl-C or a kill ends
-# them all.
-test: install java aeron tools containers
+# The lanes run in groups side by side (scripts/run-lanes says which and why), each group's
+# report printed as it ends; Ctrl-C or a kill ends them all.
+test: install java aeron tools containers arm64
 	$(BIN)/ruff check .
 	@scripts/run-lanes $(BIN)/python
 

@@ -17,7 +17,7 @@ def _groups() -> list[tuple[int, list[str]]]:
     block = re.search(r"^groups=\(\n(.*?)^\)", text, re.M | re.S)
     assert block is not None, "scripts/run-lanes has no groups=( ... ) array"
     groups = []
-    for entry in re.findall(r'"(\d+)\|([^"|]+)(?:\|[^"]*)?"', block.group(1)):
+    for entry in re.findall(r'"(\d+)\|([^"]+)"', block.group(1)):
         groups.append((int(entry[0]), entry[1].split(" or ")))
     return groups
 
