@@ -95,16 +95,19 @@ arm64: install
 run: install
 	$(BIN)/slipstream demo $(if $(DIR),--dir $(DIR),)
 
-# The lanes run in groups side by side (scripts/run-lanes says which and why), each group's
-# report printed as it ends; Ctrl-C or a kill ends them all.
-test: install java aeron tools containers arm64
+# The lanes run in groups side by side (scripts/run-lanes says which and why; the arm64
+# group makes `arm64` first), each group's report printed as it ends; Ctrl-C or a kill ends
+# them all.
+test: install java aeron tools containers
 	$(BIN)/ruff check .
 	@scripts/run-lanes $(BIN)/python
 
 # Every test is in one lane (tests/conftest.py says which and why): unit, sim (the simulator),
 # sockets (real driver processes on this host), hosts (root: namespaces, iptables, other users,
 # systemd), interop (the stock Aeron driver), spark (a SparkSession), containers (the image
-# and its containers, podman as root), arm64 (the aarch64 wheel under qemu-user, root).
+# and its containers, podman as root), arm64 (the aarch64 wheel under qemu-user, root),
+# installed (make wheel's wheel in fresh environments, root and other users), untimed (real
+# drivers, hosts or Spark clusters in tests that hold no real-time rate: run niced).
 # `make test` runs them
 # all; `make test-fast` the two that need nothing but the venv; `make test-lane LANE=sockets`
 # one lane, or a marker expression: LANE="hosts or interop".  A lane's tools come first.
@@ -114,13 +117,15 @@ LANE_NEEDS_interop := aeron
 LANE_NEEDS_spark   := java
 LANE_NEEDS_containers := containers
 LANE_NEEDS_arm64   := tools containers arm64
+LANE_NEEDS_installed := tools
+LANE_NEEDS_untimed := tools java
 
 # On both cores (pytest-xdist): the simulator's scenarios are CPU-bound, in virtual time.
 test-fast: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist worksteal -m "unit or sim"
 
 test-lane: install $(foreach word,$(LANE),$(LANE_NEEDS_$(word)))
-	@test -n "$(LANE)" || { echo "make test-lane LANE=unit|sim|sockets|hosts|interop|spark|containers|arm64" >&2; exit 2; }
+	@test -n "$(LANE)" || { echo "make test-lane LANE=unit|sim|sockets|hosts|interop|spark|containers|arm64|installed|untimed" >&2; exit 2; }
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "$(LANE)"
 
 lint: install

@@ -10,9 +10,10 @@ control stream): one JSON message each way, the answers at this host's reply end
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -564,37 +565,37 @@ class ArchiveReplay:
                                    f"after {timeout_s:g} s")
             await aio.wait_for_data(self.subscription, int(remaining * 1e9))
 
+    @contextlib.contextmanager
+    def _closing(self, stop_at_archive: bool) -> Iterator[bool]:
+        """What both closes do around their stop: yields whether the replay is to be stopped at
+        the archive (False once closed already), passes over a :class:`SlipstreamError` of
+        that stop (the archive ends a replay whose requester went, in time), and closes the
+        subscription whatever the stop raised."""
+        if self._closed:
+            yield False
+            return
+        self._closed = True
+        try:
+            with contextlib.suppress(SlipstreamError):
+                yield stop_at_archive and not self.done
+        finally:
+            self.subscription.close()
+
     def close(self, *, stop_at_archive: bool = True) -> None:
         """Stop the replay at the archive if it is not done (unless not ``stop_at_archive``:
         an archive that stopped answering is not called, its replay ends when its requester
         goes), and close the subscription."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            if stop_at_archive and not self.done:
-                try:
-                    self.archive.stop_replay(self.replay_id)
-                except SlipstreamError:
-                    pass  # the archive ends a replay whose requester went, in time
-        finally:
-            self.subscription.close()
+        with self._closing(stop_at_archive) as stop:
+            if stop:
+                self.archive.stop_replay(self.replay_id)
 
     async def aclose(self, *, stop_at_archive: bool = True) -> None:
         """:meth:`close` from a trio or asyncio task (``async with``): the stop is
         :meth:`ArchiveClient.stop_replay_async`.  Cancelled, it still closes the subscription
         (the archive ends a replay whose requester went, in time)."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            if stop_at_archive and not self.done:
-                try:
-                    await self.archive.stop_replay_async(self.replay_id)
-                except SlipstreamError:
-                    pass  # as close()
-        finally:
-            self.subscription.close()
+        with self._closing(stop_at_archive) as stop:
+            if stop:
+                await self.archive.stop_replay_async(self.replay_id)
 
     def __enter__(self) -> ArchiveReplay:
         return self

@@ -26,7 +26,13 @@ from typing import Any
 
 from hdrh.histogram import HdrHistogram
 
-from bench.ipc_throughput import machine, pin, positive_float, positive_int, scratch_directory
+from bench.ipc_latency import percentile_line
+from bench.ipc_throughput import (
+    bench_parser,
+    machine,
+    pin,
+    scratch_directory,
+)
 
 STREAM_ID = 2101
 WARMUP = 100
@@ -112,13 +118,6 @@ def run_form(directory: str, form: str, count: int, rate: int) -> HdrHistogram:
     return HdrHistogram.decode(encoded)
 
 
-def _line(form: str, histogram: HdrHistogram) -> str:
-    return (f"{form:<9} p50 {histogram.get_value_at_percentile(50):>6} µs   "
-            f"p99 {histogram.get_value_at_percentile(99):>6} µs   "
-            f"p99.9 {histogram.get_value_at_percentile(99.9):>6} µs   "
-            f"max {histogram.get_max_value():>7} µs   ({histogram.get_total_count()} wake-ups)")
-
-
 def _forms(text: str) -> tuple[str, ...]:
     """An argparse type: some of :data:`FORMS`, comma-separated."""
     forms = tuple(text.split(","))
@@ -129,14 +128,10 @@ def _forms(text: str) -> tuple[str, ...]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rate", type=positive_int, default=500,
-                        help="messages per second (the subscriber parks between them)")
-    parser.add_argument("--seconds", type=positive_float, default=4.0,
-                        help="measured duration of each run")
-    parser.add_argument("--repeat", type=positive_int, default=3,
-                        help="rounds, each running every form once")
+    parser = bench_parser(__doc__,
+                          rate=(500, "messages per second (the subscriber parks between them)"),
+                          seconds=(4.0, "measured duration of each run"),
+                          repeat=(3, "rounds, each running every form once"))
     parser.add_argument("--forms", type=_forms, default=FORMS,
                         help=f"which forms, comma-separated (default {','.join(FORMS)}); the "
                              f"ratios need blocking")
@@ -155,7 +150,7 @@ def main() -> int:
             for form in args.forms:
                 merged[form].add(run_form(str(driver.directory), form, count, args.rate))
     for form in args.forms:
-        print(_line(form, merged[form]))
+        print(percentile_line(form, merged[form], 9, "wake-ups"))
     blocking = merged.get("blocking")
     for form in args.forms if blocking is not None else ():
         if form == "blocking":

@@ -179,6 +179,17 @@ def _wait(predicate, timeout: float, what: str):
     return result
 
 
+def stop_archive(archive: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """Ends an archive process: SIGTERM (it closes its recordings), SIGKILL if it has not
+    exited within ``timeout_s``."""
+    archive.terminate()
+    try:
+        archive.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        archive.kill()
+        archive.wait()
+
+
 def _profiler(pid: int, profile: str, out: Path) -> subprocess.Popen:
     """A profiler attached to ``pid`` until it gets SIGINT."""
     if profile == "py-spy":
@@ -294,12 +305,7 @@ def run(driver: MediaDriver, work: Path, mode: str, args: argparse.Namespace,
                 process.kill()
                 process.join(5)
         if archive is not None:
-            archive.terminate()
-            try:
-                archive.wait(60)
-            except subprocess.TimeoutExpired:
-                archive.kill()
-                archive.wait()
+            stop_archive(archive, 60)
         if not args.keep:
             shutil.rmtree(archive_dir, ignore_errors=True)
     return result

@@ -38,7 +38,7 @@ import time
 from array import array
 from pathlib import Path
 
-from bench.archive_record import SIZE, STREAM, _recordings, _wait, aeron_sample
+from bench.archive_record import SIZE, STREAM, _recordings, _wait, aeron_sample, stop_archive
 from slipstream.archive import segment_files
 from slipstream.archive.client import ArchiveClient
 from slipstream.archive.reading import RecordingReader
@@ -87,10 +87,11 @@ def record(driver: MediaDriver, archive_dir: Path, messages: int, port: int
                                 "--config", str(config)], stderr=subprocess.DEVNULL)
     with Client.connect(driver.directory) as client:
         publication = client.add_publication("aeron:ipc", STREAM)
-        _wait(lambda: _recordings(archive_dir), 30)
+        _wait(lambda: _recordings(archive_dir), 30, "the recording")
         publish(publication, messages)
         publication.close()
-        _wait(lambda: [d for d in _recordings(archive_dir) if not d.is_active], 300)
+        _wait(lambda: [d for d in _recordings(archive_dir) if not d.is_active], 300,
+              "the recording's end")
     return archive
 
 
@@ -192,8 +193,7 @@ def main() -> None:
                     driver, port, f"aeron:udp?endpoint=127.0.0.1:{_free_port()}",
                     args.messages, 9101 + i) for i in rounds]
             finally:
-                archive.terminate()
-                archive.wait(30)
+                stop_archive(archive)
         rates["local reader"] = [local_rate(archive_dir, args.messages) for _ in rounds]
         rates["naive loop"] = [naive_rate(archive_dir, args.messages)]
         peer = None if args.no_peer else aeron_peer(args.messages, args.dir, args.rounds)

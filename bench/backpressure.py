@@ -37,9 +37,10 @@ import time
 from pathlib import Path
 
 from bench.ipc_throughput import (
-    machine,
+    bench_parser,
     positive_float,
     positive_int,
+    print_header,
     run_slipstream,
     scratch_directory,
 )
@@ -328,13 +329,12 @@ def section_blocked(directory: Path, args: argparse.Namespace) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=positive_int, default=200_000,
-                        help="offers per round of the offer cost (each fits the window)")
+    parser = bench_parser(__doc__,
+                          messages=(200_000, "offers per round of the offer cost (each fits "
+                                             "the window)"),
+                          repeat=(5, "rounds; best kept"))
     parser.add_argument("--stream-messages", type=positive_int, default=2_000_000,
                         help="messages per streaming run")
-    parser.add_argument("--repeat", type=positive_int, default=5, help="rounds; best kept")
     parser.add_argument("--hold", type=positive_float, default=3.0,
                         help="seconds the publisher is held")
     parser.add_argument("--trickle", type=positive_float, default=3.0,
@@ -348,8 +348,7 @@ def main() -> int:
 
     from slipstream.daemon.driver import MediaDriver
 
-    print(f"# back pressure, {machine()}")
-    print(f"# command: python -m bench.backpressure {' '.join(sys.argv[1:])}")
+    print_header("back pressure", "bench.backpressure")
     scratch = scratch_directory()
     directory = Path(scratch.name)
     with MediaDriver.launch(directory=directory / "a") as a, \

@@ -10,18 +10,16 @@ docs/RELIABILITY.md.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
-from bench.ipc_throughput import machine, positive_float, positive_int
+from bench.ipc_throughput import bench_parser, machine, positive_float, positive_int
 
 
 def main() -> int:
     from slipstream.sim.real.chaos import run_chaos
 
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__)
     parser.add_argument("--seconds", type=positive_float, default=300.0)
     parser.add_argument("--publishers", type=positive_int, default=3)
     parser.add_argument("--subscribers", type=positive_int, default=2, help="per stream")

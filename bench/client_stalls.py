@@ -18,7 +18,6 @@ socket, and no client. Its gaps are what the busy machine alone costs.
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import os
 import resource
@@ -29,10 +28,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.ipc_throughput import (
-    driver_setting,
-    machine,
-    positive_float,
-    positive_int,
+    add_driver_settings,
+    bench_parser,
+    print_header,
     scratch_directory,
 )
 
@@ -67,23 +65,17 @@ def _stalls(step: Callable[[], object], seconds: float) -> tuple[int, int, int, 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=positive_float, default=10.0,
-                        help="each loop's duration")
-    parser.add_argument("--repeat", type=positive_int, default=3,
-                        help="runs of each loop, in turns")
-    parser.add_argument("--set", dest="settings", action="append", default=[],
-                        type=driver_setting,
-                        metavar="KEY=VALUE", help="a driver setting")
+    parser = bench_parser(__doc__,
+                          seconds=(10.0, "each loop's duration"),
+                          repeat=(3, "runs of each loop, in turns"))
+    add_driver_settings(parser, "a driver setting")
     args = parser.parse_args()
     settings = dict(args.settings)
 
     from slipstream.client import Client
     from slipstream.daemon.driver import MediaDriver
 
-    print(f"# an application thread spinning beside two busy processes, {machine()}")
-    print(f"# command: python -m bench.client_stalls {' '.join(sys.argv[1:])}")
+    print_header("an application thread spinning beside two busy processes", "bench.client_stalls")
     scratch = scratch_directory()
     context = multiprocessing.get_context("spawn")
     spinners = [context.Process(target=_spin, daemon=True) for _ in range(2)]

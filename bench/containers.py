@@ -49,7 +49,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.ipc_throughput import machine, positive_float, positive_int, run_slipstream
+from bench.ipc_throughput import (
+    bench_parser,
+    positive_float,
+    positive_int,
+    print_header,
+    run_slipstream,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Where the client container finds this checkout's bench package and the histogram library.
@@ -330,8 +336,7 @@ def host(args: argparse.Namespace) -> int:
         print(f"bench.containers: no image {args.image} (make image builds it)",
               file=sys.stderr)
         return 2
-    print(f"# slipstream in containers vs on the host, {machine()}")
-    print(f"# command: python -m bench.containers {' '.join(sys.argv[1:])}")
+    print_header("slipstream in containers vs on the host", "bench.containers")
     print(f"# load average before: {os.getloadavg()[0]:.1f}")
     throughput = ("throughput", "--messages", str(args.messages))
     latency = ("latency", "--rate", str(args.rate), "--seconds", str(args.seconds))
@@ -392,19 +397,15 @@ def host(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__,
+                          messages=(2_000_000, "messages per throughput run"),
+                          rate=(10_000, "round trips per second"),
+                          seconds=(3.0, "measured round-trip duration of a run"))
     parser.add_argument("--image", help="the image (default: deploy/container/image.env's "
                                          "IMAGE, tagged latest: what make image built)")
     parser.add_argument("--pairs", type=positive_int, default=8,
                         help="host and container runs of each measurement, interleaved "
                              "(at least 2: the ratios' spread)")
-    parser.add_argument("--messages", type=positive_int, default=2_000_000,
-                        help="messages per throughput run")
-    parser.add_argument("--rate", type=positive_int, default=10_000,
-                        help="round trips per second")
-    parser.add_argument("--seconds", type=positive_float, default=3.0,
-                        help="measured round-trip duration of a run")
     parser.add_argument("--starts", type=positive_int, default=5, help="cold starts")
     parser.add_argument("--podman-option", action="append", default=[], metavar="OPTION",
                         help="another `podman run` option of the measurements' driver and "

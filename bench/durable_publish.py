@@ -52,7 +52,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.ipc_throughput import driver_setting
+from bench.ipc_throughput import add_driver_settings, bench_parser
 
 SIZE = 1024
 STREAM = 11
@@ -208,6 +208,7 @@ def _hosts_run(mode: str, publisher_dir: Path, uri: str, count: int, window: int
 
 def hosts_main(args: argparse.Namespace) -> int:
     """The ``--hosts`` mode (see the module's docstring)."""
+    from bench.archive_record import stop_archive
     from bench.ipc_throughput import machine
     from slipstream.archive.catalog import CATALOG_FILE
     from slipstream.client.control import COUNTERS_FILE
@@ -270,12 +271,7 @@ def hosts_main(args: argparse.Namespace) -> int:
                                                        if k.startswith("cpu ")), flush=True)
             finally:
                 counters.close()
-                archive.terminate()
-                try:
-                    archive.wait(30)
-                except subprocess.TimeoutExpired:
-                    archive.kill()
-                    archive.wait()
+                stop_archive(archive)
     except HostsError as e:
         print(f"bench.durable_publish --hosts: {e}", file=sys.stderr)
         return 2
@@ -300,8 +296,7 @@ def hosts_main(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__)
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--window", type=int, default=512,
                         help="messages in flight before the pipelined loop waits")
@@ -314,9 +309,7 @@ def main() -> int:
                         help="--hosts: the archive's sync policy")
     parser.add_argument("--dir", type=Path, default=Path("/var/tmp"),
                         help="--hosts: where the archive's directory goes (a disk)")
-    parser.add_argument("--set", dest="settings", action="append", default=[],
-                        type=driver_setting, metavar="KEY=VALUE",
-                        help="a setting of both drivers (repeatable)")
+    add_driver_settings(parser, "a setting of both drivers (repeatable)")
     args = parser.parse_args()
     if args.hosts:
         return hosts_main(args)

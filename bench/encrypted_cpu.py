@@ -42,18 +42,17 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench.encrypted_throughput import LARGE_MTU, aes_gcm_rates
+from bench.encrypted_throughput import LARGE_MTU, aes_gcm_rates, key_directory
 from bench.ipc_throughput import (
-    driver_setting,
+    add_driver_settings,
+    bench_parser,
     join_run,
-    machine,
     positive_int,
+    print_header,
     scratch_directory,
-    sizes_up_to,
 )
 from bench.spy_cost import cpu_ns, network_task
 from bench.udp_throughput import DEFAULT_SETTINGS, free_port
-from slipstream.client.layout import TERM_MAX_LENGTH
 
 if TYPE_CHECKING:
     from slipstream.daemon.driver import MediaDriver
@@ -254,13 +253,8 @@ def first_messages(a: MediaDriver, b: MediaDriver, trials: int, stream_id: int
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="1024,65536",
-                        type=sizes_up_to(TERM_MAX_LENGTH, "any log"),
-                        help="message sizes in bytes")
-    parser.add_argument("--bytes", type=positive_int, default=1_536_000_000,
-                        help="bytes per run (each size sends this many)")
+    parser = bench_parser(__doc__, sizes=("1024,65536", "message sizes in bytes"),
+                          bytes=(1_536_000_000, "bytes per run (each size sends this many)"))
     parser.add_argument("--pairs", type=positive_int, default=3,
                         help="pairs of runs, plain then encrypted, per size and idle mode")
     parser.add_argument("--idle", type=_idle_modes, default=("park",),
@@ -268,24 +262,18 @@ def main() -> int:
                              "default), yield, sleep, comma-separated")
     parser.add_argument("--first", type=int, default=5,
                         help="trials of the time to a stream's first message (0: none)")
-    parser.add_argument("--set", dest="settings", action="append", default=[],
-                        type=driver_setting, metavar="KEY=VALUE",
-                        help="a slipstream driver setting (repeatable)")
+    add_driver_settings(parser)
     args = parser.parse_args()
 
     from slipstream.daemon.driver import MediaDriver
 
     settings = {**DEFAULT_SETTINGS, **dict(args.settings)}
-    print(f"# CPU per message of a UDP stream, plain and encrypted, {machine()}")
-    print(f"# command: python -m bench.encrypted_cpu {' '.join(sys.argv[1:])}")
-    print(f"# slipstream settings: {settings}; clients idle by {', '.join(args.idle)}; "
-          f"load {' '.join(Path('/proc/loadavg').read_text().split()[:3])}", flush=True)
+    print_header("CPU per message of a UDP stream, plain and encrypted", "bench.encrypted_cpu",
+                 settings, f"clients idle by {', '.join(args.idle)}; load "
+                           f"{' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
     scratch = scratch_directory()
     directory = Path(scratch.name)
-    keys = directory / "keys"
-    keys.mkdir(mode=0o750)
-    (keys / "bench.key").write_text(f"1 {os.urandom(32).hex()}\n")
-    (keys / "bench.key").chmod(0o640)
+    keys = key_directory(directory)
     whole = True
     with MediaDriver.launch(directory=directory / "a", keys_dir=str(keys), **settings) as a, \
             MediaDriver.launch(directory=directory / "b", keys_dir=str(keys), **settings) as b:

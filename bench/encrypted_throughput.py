@@ -40,17 +40,17 @@ import sys
 from pathlib import Path
 
 from bench.ipc_throughput import (
-    driver_setting,
-    machine,
+    add_driver_settings,
+    bench_parser,
     positive_int,
+    print_header,
     run_slipstream,
     run_zmq,
     scratch_directory,
-    sizes_up_to,
 )
 from bench.spy_cost import cpu_ns, network_task
 from bench.udp_throughput import DEFAULT_SETTINGS, free_port, free_tcp_port
-from slipstream.client.layout import SEALED_MTU_MAX, TERM_MAX_LENGTH
+from slipstream.client.layout import SEALED_MTU_MAX
 
 SOURCE = Path(__file__).with_name("aes_gcm_rate.c")
 #: The largest MTU of an encrypted channel: used by both streams of large messages.
@@ -82,16 +82,21 @@ def aes_gcm_rates(directory: Path, size: int, count: int) -> tuple[float, float]
     return seals, opens
 
 
+def key_directory(directory: Path) -> Path:
+    """``directory``/keys, made, holding one random key (bench.key, key id 1) with the modes
+    a driver's keys_dir requires: the drivers' ``keys_dir`` of an encrypted run."""
+    keys = directory / "keys"
+    keys.mkdir(mode=0o750)
+    (keys / "bench.key").write_text(f"1 {os.urandom(32).hex()}\n")
+    (keys / "bench.key").chmod(0o640)
+    return keys
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bytes", type=positive_int, default=1 << 30,
-                        help="bytes per run (each size sends this many)")
-    parser.add_argument("--sizes", default="1024,65536",
-                        type=sizes_up_to(TERM_MAX_LENGTH, "any log"),
-                        help="message sizes in bytes")
-    parser.add_argument("--repeat", type=positive_int, default=3,
-                        help="runs per contender; best kept")
+    parser = bench_parser(__doc__,
+                          bytes=(1 << 30, "bytes per run (each size sends this many)"),
+                          sizes=("1024,65536", "message sizes in bytes"),
+                          repeat=(3, "runs per contender; best kept"))
     parser.add_argument("--latency-rate", type=positive_int, default=10_000,
                         help="round trips per second of the ping-pong")
     parser.add_argument("--latency-seconds", type=float, default=5.0,
@@ -99,23 +104,17 @@ def main() -> int:
     parser.add_argument("--first-messages", type=int, default=5,
                         help="new streams timed to their first message, plain and encrypted "
                              "each (0: none)")
-    parser.add_argument("--set", dest="settings", action="append", default=[],
-                        type=driver_setting, metavar="KEY=VALUE",
-                        help="a slipstream driver setting (repeatable)")
+    add_driver_settings(parser)
     args = parser.parse_args()
 
     from slipstream.daemon.driver import MediaDriver
 
     settings = {**DEFAULT_SETTINGS, **dict(args.settings)}
-    print(f"# encrypted UDP throughput over loopback, {machine()}")
-    print(f"# command: python -m bench.encrypted_throughput {' '.join(sys.argv[1:])}")
-    print(f"# slipstream settings: {settings}; first program's loops (offer/poll)")
+    print_header("encrypted UDP throughput over loopback", "bench.encrypted_throughput",
+                 settings, "first program's loops (offer/poll)")
     scratch = scratch_directory()
     directory = Path(scratch.name)
-    keys = directory / "keys"
-    keys.mkdir(mode=0o750)
-    (keys / "bench.key").write_text(f"1 {os.urandom(32).hex()}\n")
-    (keys / "bench.key").chmod(0o640)
+    keys = key_directory(directory)
     with MediaDriver.launch(directory=directory / "a", keys_dir=str(keys), **settings) as a, \
             MediaDriver.launch(directory=directory / "b", keys_dir=str(keys), **settings) as b:
         stream_id = 2000
@@ -230,7 +229,7 @@ def first_messages(publisher_directory: Path, subscriber_directory: Path, runs: 
 
 def round_trips(ping_directory: Path, pong_directory: Path, args: argparse.Namespace) -> None:
     """The paced ping-pong between the two drivers, plain and encrypted in turns."""
-    from bench.ipc_latency import WARMUP, _line, _run, _ss_pinger, _ss_ponger
+    from bench.ipc_latency import WARMUP, _run, _ss_pinger, _ss_ponger, percentile_line
 
     rounds = WARMUP + int(args.latency_rate * args.latency_seconds)
     runs: dict[str, list] = {"plain": [], "encrypted": []}
@@ -246,7 +245,7 @@ def round_trips(ping_directory: Path, pong_directory: Path, args: argparse.Names
           flush=True)
     for name, histograms in runs.items():
         for histogram in histograms:
-            print(_line(f"{name} aeron:udp", histogram))
+            print(percentile_line(f"{name} aeron:udp", histogram))
 
     def median(name: str, percentile: float) -> float:
         return statistics.median(h.get_value_at_percentile(percentile) for h in runs[name])

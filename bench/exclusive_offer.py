@@ -36,7 +36,6 @@ the publisher's.
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import os
 import shutil
@@ -48,11 +47,12 @@ import time
 from pathlib import Path
 
 from bench.ipc_throughput import (
-    back_pressured,
+    bench_parser,
+    first_image,
     join_run,
-    machine,
+    offer_count,
     pin,
-    positive_int,
+    print_header,
     scratch_directory,
 )
 
@@ -150,22 +150,8 @@ def _publisher(directory: str, stream_id: int, size: int, count: int, exclusive:
             time.sleep(0.001)
         start.wait()
         message = bytes(size)
-        offer = publication.offer
-        sent = 0
         started = time.perf_counter()
-        if first_program:
-            while sent < count:
-                if offer(message) > 0:
-                    sent += 1
-        else:
-            idle = 0
-            while sent < count:
-                if offer(message) > 0:
-                    sent += 1
-                    idle = 0
-                else:
-                    idle += 1
-                    back_pressured(idle, None)
+        offer_count(publication, message, count, False, busy=first_program)
         rate.value = count / (time.perf_counter() - started)
         positions[0] = publication.position
 
@@ -179,10 +165,7 @@ def _subscriber(directory: str, stream_id: int, count: int, first_program: bool,
         pin(1)
     with Client.connect(directory) as client:
         subscription = client.add_subscription(CHANNEL, stream_id)
-        ready.set()
-        while not subscription.images:
-            time.sleep(0.0001)
-        image = subscription.images[0]
+        image = first_image(subscription, ready)
         received = 0
         poll_batch = subscription.poll_batch
         while received < count:
@@ -249,15 +232,12 @@ def _line(name: str, rates: dict[bool, list[float]]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=positive_int, default=5_000_000,
-                        help="messages per stream run (the default passes through a default "
-                             "192 MiB IPC log more than once at 32 B)")
-    parser.add_argument("--size", type=positive_int, default=32,
-                        help="message size in bytes, at most the MTU's payload (1376)")
-    parser.add_argument("--repeat", type=positive_int, default=5,
-                        help="runs of each kind, alternating; the best is kept")
+    parser = bench_parser(__doc__,
+                          messages=(5_000_000, "messages per stream run (the default passes "
+                                               "through a default 192 MiB IPC log more than "
+                                               "once at 32 B)"),
+                          size=(32, "message size in bytes, at most the MTU's payload (1376)"),
+                          repeat=(5, "runs of each kind, alternating; the best is kept"))
     args = parser.parse_args()
     if args.size > 1376:
         parser.error(f"--size: {args.size} is over 1376, a default MTU's payload: the offer "
@@ -265,8 +245,7 @@ def main() -> int:
 
     from slipstream.daemon.driver import MediaDriver
 
-    print(f"# exclusive vs shared offer, IPC, {args.size} B, {machine()}")
-    print(f"# command: python -m bench.exclusive_offer {' '.join(sys.argv[1:])}")
+    print_header(f"exclusive vs shared offer, IPC, {args.size} B", "bench.exclusive_offer")
     scratch = scratch_directory()
     directory = Path(scratch.name)
     with MediaDriver.launch(directory=directory / "driver") as driver:

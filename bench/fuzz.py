@@ -14,7 +14,6 @@ Figures: docs/RELIABILITY.md.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import multiprocessing
@@ -27,7 +26,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.ipc_throughput import machine, positive_int
+from bench.ipc_throughput import bench_parser, machine, positive_int
 from bench.udp_throughput import free_port
 
 SETTINGS = {"client_liveness_timeout": "5s", "image_liveness_timeout": "5s",
@@ -198,8 +197,7 @@ def run_commands(count: int, seed: int) -> bool:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__)
     parser.add_argument("--datagrams", type=positive_int, default=1_000_000)
     parser.add_argument("--commands", type=positive_int, default=100_000)
     parser.add_argument("--seed", type=int, default=1)

@@ -18,7 +18,6 @@ tests/test_udp_failures.py) bound the wake-ups by the timers that ring; this is 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import statistics
@@ -26,7 +25,13 @@ import sys
 import time
 from pathlib import Path
 
-from bench.ipc_throughput import driver_setting, machine, positive_int, scratch_directory
+from bench.ipc_throughput import (
+    add_driver_settings,
+    bench_parser,
+    positive_int,
+    print_header,
+    scratch_directory,
+)
 from bench.udp_throughput import free_port
 
 SETTLE_S = 1.0  # after the streams connect: the drivers reach their idle back-off
@@ -53,22 +58,17 @@ def _spread(values: list[float], spec: str) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__)
     parser.add_argument("--seconds", type=positive_int, default=5, help="seconds per window")
     parser.add_argument("--repeat", type=positive_int, default=3, help="windows")
-    parser.add_argument("--set", dest="settings", action="append", default=[],
-                        type=driver_setting, metavar="KEY=VALUE",
-                        help="a slipstream driver setting (repeatable)")
+    add_driver_settings(parser)
     args = parser.parse_args()
 
     from slipstream.client import Client
     from slipstream.daemon.driver import MediaDriver
 
     settings = dict(args.settings)
-    print(f"# an idle driver's cost, {machine()}")
-    print(f"# command: python -m bench.idle_cost {' '.join(sys.argv[1:])}")
-    print(f"# slipstream settings: {settings}")
+    print_header("an idle driver's cost", "bench.idle_cost", settings)
     scratch = scratch_directory()
     directory = Path(scratch.name)
     names = ("bare", "ipc stream", "udp stream")

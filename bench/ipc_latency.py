@@ -10,7 +10,6 @@ are not recorded.  Also reports the CPU time the ponger used while waiting with 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import multiprocessing
@@ -23,7 +22,12 @@ from typing import Any
 
 from hdrh.histogram import HdrHistogram
 
-from bench.ipc_throughput import machine, pin, positive_float, positive_int, scratch_directory
+from bench.ipc_throughput import (
+    bench_parser,
+    pin,
+    print_header,
+    scratch_directory,
+)
 
 PING_STREAM, PONG_STREAM = 2001, 2002
 WARMUP = 2000
@@ -174,38 +178,42 @@ def _run(target_ping, target_pong, ping_args, pong_args, extra_args=()) -> HdrHi
     return HdrHistogram.decode(encoded)
 
 
-def _line(name: str, histogram: HdrHistogram) -> str:
-    return (f"{name:<22} p50 {histogram.get_value_at_percentile(50):>6} µs   "
+def zmq_round_trips(endpoint: str, rounds: int, rate: int) -> HdrHistogram:
+    """The pyzmq PAIR ping-pong over ``endpoint``: ``rounds`` round trips at ``rate`` a
+    second, their latencies (µs) after the first WARMUP."""
+    return _run(_zmq_pinger, _zmq_ponger, (endpoint, rounds, rate), (endpoint, rounds))
+
+
+def percentile_line(name: str, histogram: HdrHistogram, width: int = 22,
+                    events: str = "round trips") -> str:
+    """A row of a latency table: ``name`` (padded to ``width``), the p50, p99, p99.9 and max of
+    ``histogram`` (µs), and how many ``events`` it holds."""
+    return (f"{name:<{width}} p50 {histogram.get_value_at_percentile(50):>6} µs   "
             f"p99 {histogram.get_value_at_percentile(99):>6} µs   "
             f"p99.9 {histogram.get_value_at_percentile(99.9):>6} µs   "
-            f"max {histogram.get_max_value():>7} µs   ({histogram.get_total_count()} round trips)")
+            f"max {histogram.get_max_value():>7} µs   ({histogram.get_total_count()} {events})")
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rate", type=positive_int, default=10_000,
-                        help="round trips per second")
-    parser.add_argument("--seconds", type=positive_float, default=5.0, help="measured duration")
+    parser = bench_parser(__doc__,
+                          rate=(10_000, "round trips per second"),
+                          seconds=(5.0, "measured duration"))
     args = parser.parse_args()
     rounds = WARMUP + int(args.rate * args.seconds)
 
     from slipstream.daemon.driver import MediaDriver
 
-    print(f"# IPC ping-pong latency at {args.rate:,} round trips/s, {machine()}")
-    print(f"# command: python -m bench.ipc_latency {' '.join(sys.argv[1:])}")
+    print_header(f"IPC ping-pong latency at {args.rate:,} round trips/s", "bench.ipc_latency")
     scratch = scratch_directory()
     directory = Path(scratch.name)
     context = multiprocessing.get_context("spawn")
     idle_cpu = context.Value("d", -1.0)
-    endpoint = f"ipc://{directory}/pair.sock"
-    zmq_histogram = _run(_zmq_pinger, _zmq_ponger, (endpoint, rounds, args.rate),
-                         (endpoint, rounds))
+    zmq_histogram = zmq_round_trips(f"ipc://{directory}/pair.sock", rounds, args.rate)
     with MediaDriver.launch(directory=directory / "driver") as driver:
         ss_histogram = _run(_ss_pinger, _ss_ponger, (str(driver.directory), rounds, args.rate),
                             (str(driver.directory), rounds, idle_cpu))
-    print(_line("pyzmq PAIR ipc://", zmq_histogram))
-    print(_line("slipstream aeron:ipc", ss_histogram))
+    print(percentile_line("pyzmq PAIR ipc://", zmq_histogram))
+    print(percentile_line("slipstream aeron:ipc", ss_histogram))
     p99_ratio = zmq_histogram.get_value_at_percentile(99) / ss_histogram.get_value_at_percentile(99)
     print(f"p99: slipstream {p99_ratio:.1f}x lower than pyzmq; a waiting subscriber used "
           f"{idle_cpu.value * 100:.2f} % of a core with no traffic")

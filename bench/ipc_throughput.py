@@ -25,9 +25,10 @@ import time
 from array import array
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from slipstream.client.errors import ConfigurationError
-from slipstream.client.layout import max_message_length
+from slipstream.client.layout import TERM_MAX_LENGTH, max_message_length
 from slipstream.daemon.cli import int_at_least
 from slipstream.daemon.config import DriverSettings, check_setting
 
@@ -51,15 +52,60 @@ def pin(cpu: int) -> None:
         os.sched_setaffinity(0, {cpu % (os.cpu_count() or 1)})
 
 
+def offer_count(publication: Any, message: bytes, count: int, batch: bool,
+                backoff_s: float | None = None, *, busy: bool = False) -> None:
+    """Offers ``count`` copies of ``message`` on ``publication``: an ``offer`` each, or with
+    ``batch`` an ``offer_batch`` of BATCH at a time (the last one: exactly ``count`` in all).
+    A refused offer is tried again at once with ``busy`` (the loop a first program writes:
+    ``while sent < count: if offer(m) > 0: sent += 1``), else after :func:`back_pressured`
+    (``backoff_s``)."""
+    sent = 0
+    if batch:
+        size = len(message)
+        data, lengths = message * BATCH, array("i", [size] * BATCH)
+        idle = 0
+        while sent < count:
+            if count - sent < BATCH:
+                data, lengths = data[:(count - sent) * size], lengths[:count - sent]
+            n = publication.offer_batch(data, lengths)
+            if n > 0:
+                sent += n
+                idle = 0
+            elif not busy:
+                idle += 1
+                back_pressured(idle, backoff_s)
+        return
+    offer = publication.offer
+    if busy:
+        while sent < count:
+            if offer(message) > 0:
+                sent += 1
+        return
+    idle = 0
+    while sent < count:
+        if offer(message) > 0:
+            sent += 1
+            idle = 0
+        else:
+            idle += 1
+            back_pressured(idle, backoff_s)
+
+
+def first_image(subscription: Any, ready: Any) -> Any:
+    """Sets ``ready`` (the publisher creates the stream once the subscription exists) and
+    returns ``subscription``'s first image once the stream arrives: the caller keeps it, since
+    the driver may retire an image once it is drained."""
+    ready.set()
+    while not subscription.images:
+        time.sleep(0.0001)
+    return subscription.images[0]
+
+
 # -- slipstream ------------------------------------------------------------------------------
 def _ss_publisher(directory: str, channel: str, stream_id: int, size: int, count: int,
-                  batch: bool, start, positions, backoff_s: float | None = None,
-                  first_program: bool = False) -> None:
+                  batch: bool, start, positions, backoff_s: float | None = None) -> None:
     from slipstream.client import Client
 
-    if first_program:
-        return _first_program_publisher(directory, channel, stream_id, size, count, batch,
-                                        start, positions)
     pin(0)
     # The loop idles itself (back_pressured, sched_yield): the client's strategy stays off.
     with Client.connect(directory, spins_before_yield=None) as client:
@@ -67,50 +113,20 @@ def _ss_publisher(directory: str, channel: str, stream_id: int, size: int, count
         while not publication.is_connected:
             time.sleep(0.001)
         start.wait()
-        message = bytes(size)
-        offer = publication.offer
-        if batch:
-            data = message * BATCH
-            lengths = array("i", [size] * BATCH)
-            sent = idle = 0
-            while sent < count:
-                if count - sent < BATCH:  # the last batch: exactly count messages in all
-                    data, lengths = data[:(count - sent) * size], lengths[:count - sent]
-                n = publication.offer_batch(data, lengths)
-                if n > 0:
-                    sent += n
-                    idle = 0
-                else:
-                    idle += 1
-                    back_pressured(idle, backoff_s)
-        else:
-            sent = idle = 0
-            while sent < count:
-                if offer(message) > 0:
-                    sent += 1
-                    idle = 0
-                else:
-                    idle += 1
-                    back_pressured(idle, backoff_s)
+        offer_count(publication, bytes(size), count, batch, backoff_s)
         positions[0] = publication.position
 
 
 def _ss_subscriber(directory: str, channel: str, stream_id: int, count: int, batch: bool,
-                   ready, result, positions, first_program: bool = False) -> None:
+                   ready, result, positions) -> None:
     from slipstream.client import Client
 
-    if first_program:
-        return _first_program_subscriber(directory, channel, stream_id, count, batch, ready,
-                                         result, positions)
     pin(1)
     # The loop idles itself (back_pressured, sched_yield): the client's strategy stays off.
     with Client.connect(directory, spins_before_yield=None) as client:
         subscription = client.add_subscription(channel, stream_id)
-        ready.set()  # the publisher creates the stream; its image arrives then
+        image = first_image(subscription, ready)
         received = 0
-        while not subscription.images:  # the publisher's stream arrives after ready
-            time.sleep(0.0001)
-        image = subscription.images[0]  # kept: the driver may retire it once drained
         first = 0.0
         if batch:
             poll_batch = subscription.poll_batch
@@ -151,12 +167,15 @@ def run_slipstream(directory: Path, size: int, count: int, batch: bool, stream_i
     context = multiprocessing.get_context("spawn")
     ready, start, result = context.Event(), context.Event(), context.Value("d", 0.0)
     positions = context.Array("q", 3)  # publisher's end, subscriber's end, messages received
-    subscriber = context.Process(target=_ss_subscriber, args=(
-        str(subscriber_directory or directory), channel, stream_id, count, batch, ready,
-        result, positions, first_program))
-    publisher = context.Process(target=_ss_publisher, args=(
-        str(directory), channel, stream_id, size, count, batch, start, positions, backoff_s,
-        first_program))
+    subscriber_args = (str(subscriber_directory or directory), channel, stream_id, count, batch,
+                       ready, result, positions)
+    publisher_args = (str(directory), channel, stream_id, size, count, batch, start, positions)
+    if first_program:
+        subscriber = context.Process(target=_first_program_subscriber, args=subscriber_args)
+        publisher = context.Process(target=_first_program_publisher, args=publisher_args)
+    else:
+        subscriber = context.Process(target=_ss_subscriber, args=subscriber_args)
+        publisher = context.Process(target=_ss_publisher, args=(*publisher_args, backoff_s))
     subscriber.start()
     assert ready.wait(60), "subscriber did not start"
     publisher.start()
@@ -187,21 +206,7 @@ def _first_program_publisher(directory: str, channel: str, stream_id: int, size:
         while not publication.is_connected:
             time.sleep(0.001)
         start.wait()
-        message = bytes(size)
-        sent = 0
-        if batch:
-            data, lengths = message * BATCH, array("i", [size] * BATCH)
-            while sent < count:
-                if count - sent < BATCH:
-                    data, lengths = data[:(count - sent) * size], lengths[:count - sent]
-                n = publication.offer_batch(data, lengths)
-                if n > 0:
-                    sent += n
-        else:
-            offer = publication.offer
-            while sent < count:
-                if offer(message) > 0:
-                    sent += 1
+        offer_count(publication, bytes(size), count, batch, busy=True)
         positions[0] = publication.position
 
 
@@ -212,10 +217,7 @@ def _first_program_subscriber(directory: str, channel: str, stream_id: int, coun
 
     with Client.connect(directory) as client:
         subscription = client.add_subscription(channel, stream_id)
-        ready.set()
-        while not subscription.images:
-            time.sleep(0.0001)
-        image = subscription.images[0]
+        image = first_image(subscription, ready)
         counter = [0]
         first = 0.0
         if batch:
@@ -369,6 +371,47 @@ def sizes_up_to(term_length: int, what: str) -> Callable[[str], list[int]]:
     return size_list
 
 
+def bench_parser(doc: str, **options: tuple[float | str, str]) -> argparse.ArgumentParser:
+    """A benchmark's command line: ``doc`` (its module's docstring, with the command it
+    documents) is the help's description, kept as written; ``options`` the run options it
+    takes of :data:`RUN_OPTIONS`, each ``name=(default, help)``, in that order."""
+    parser = argparse.ArgumentParser(description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name, (default, text) in options.items():
+        if name not in RUN_OPTIONS:
+            raise TypeError(f"bench_parser: {name!r} is not one of {', '.join(RUN_OPTIONS)}")
+        parser.add_argument(f"--{name}", type=RUN_OPTIONS[name], default=default, help=text)
+    return parser
+
+
+#: The options of a run that benchmarks share, each with its argparse type: counts (messages,
+#: bytes, rounds), a message size in bytes, message sizes (each fits some log), a rate per
+#: second, a duration in seconds.
+RUN_OPTIONS: dict[str, Callable[[str], object]] = {
+    "messages": positive_int, "bytes": positive_int, "size": positive_int,
+    "sizes": sizes_up_to(TERM_MAX_LENGTH, "any log"), "rate": positive_int,
+    "seconds": positive_float, "repeat": positive_int}
+
+
+def add_driver_settings(parser: argparse.ArgumentParser,
+                        help: str = "a slipstream driver setting (repeatable)") -> None:
+    """``--set KEY=VALUE``, repeatable: ``args.settings``, a list of (key, value) pairs each
+    checked by :func:`driver_setting`."""
+    parser.add_argument("--set", dest="settings", action="append", default=[],
+                        type=driver_setting, metavar="KEY=VALUE", help=help)
+
+
+def print_header(title: str, module: str, settings: dict[str, str] | None = None,
+                 note: str = "") -> None:
+    """A benchmark's first lines: what it measures (``title``) on which machine, the command
+    (``python -m module`` with this run's arguments) that runs it again and, given
+    ``settings``, the drivers' settings (and ``note``, how the run goes)."""
+    print(f"# {title}, {machine()}")
+    print(f"# command: python -m {module} {' '.join(sys.argv[1:])}")
+    if settings is not None:
+        print(f"# slipstream settings: {settings}" + (f"; {note}" if note else ""), flush=True)
+
+
 def machine() -> str:
     cpu = "unknown cpu"
     try:
@@ -383,19 +426,16 @@ def machine() -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=positive_int, default=10_000_000,
-                        help="messages per run for 32 B, at least 8 (1 KiB runs use a quarter); "
-                             "the default "
-                             "passes through a 64 MiB-term log three times or more, so cleaning "
-                             "and partition reuse are part of every figure")
+    parser = bench_parser(__doc__,
+                          messages=(10_000_000, "messages per run for 32 B, at least 8 (1 KiB "
+                                    "runs use a quarter); the default passes through a 64 "
+                                    "MiB-term log three times or more, so cleaning and "
+                                    "partition reuse are part of every figure"),
+                          repeat=(3, "runs per contender; best kept"))
     parser.add_argument("--sizes", default="32,1024",
                         type=sizes_up_to(DriverSettings().ipc_term_buffer_length,
                                          "a default IPC log"),
                         help="message sizes in bytes")
-    parser.add_argument("--repeat", type=positive_int, default=3,
-                        help="runs per contender; best kept")
     args = parser.parse_args()
     if args.messages < 8:  # a rate needs a first and a last message, in a quarter of them
         parser.error(f"--messages: {args.messages} is under 8 (sizes over 64 B send a "
@@ -403,9 +443,7 @@ def main() -> int:
 
     from slipstream.daemon.driver import MediaDriver
 
-    print(f"# IPC throughput, {machine()}")
-    command = ["python", "-m", "bench.ipc_throughput", *sys.argv[1:]]
-    print(f"# command: {' '.join(command)}")
+    print_header("IPC throughput", "bench.ipc_throughput")
     scratch = scratch_directory()
     directory = Path(scratch.name)
     with MediaDriver.launch(directory=directory / "driver") as driver:

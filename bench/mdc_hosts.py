@@ -51,7 +51,6 @@ contenders: ``--repeat`` rounds, each in another order, and medians.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import mmap
@@ -63,16 +62,15 @@ import struct
 import sys
 import threading
 import time
-from array import array
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from bench.ipc_throughput import (
-    BATCH,
-    driver_setting,
-    machine,
-    positive_int,
+    add_driver_settings,
+    bench_parser,
+    offer_count,
+    print_header,
     scratch_directory,
 )
 from bench.netns_goodput import udp_receive_buffer_drops
@@ -183,20 +181,7 @@ def _ss_publisher(directory: str, channel: str, stream_id: int, size: int, count
         start.wait()
         message = bytes(size)
         times[0] = time.perf_counter()
-        if batch:
-            data, lengths = message * BATCH, array("i", [size] * BATCH)
-            sent = 0
-            while sent < count:
-                if count - sent < BATCH:
-                    data, lengths = data[:(count - sent) * size], lengths[:count - sent]
-                n = publication.offer_batch(data, lengths)
-                if n > 0:
-                    sent += n
-        else:
-            offer = publication.offer
-            for _ in range(count):
-                while offer(message) < 0:
-                    pass
+        offer_count(publication, message, count, batch, busy=True)
         times[1] = time.perf_counter()
         out[0] = publication.position
         done.wait(300)
@@ -309,6 +294,13 @@ class Result:
         self.load_after = ""
         self.receiver_rates: list[float] = []  # each receiver's, 0 for one that never got all
 
+    def given_up(self, why: str) -> Result:
+        """The run stopped before its stream (``why`` noted, with the load then): it does not
+        count."""
+        self.notes.append(why)
+        self.load_after = loadavg()
+        return self
+
     def timed(self, count: int, seconds: list[float | None], got_all: list[bool]) -> None:
         """The rates from :func:`time_stream`'s times, once ``whole`` is known; ``got_all``:
         which receivers got every message (the position of one that did not may have reached
@@ -385,10 +377,8 @@ def run_slipstream(hosts: Any, scratch: Path, run: int, transport: str, batch: b
         deadline = time.monotonic() + CONNECT_TIMEOUT_S
         while not (connected.is_set() and all(e.is_set() for e in joined.values())):
             if time.monotonic() > deadline:
-                result.notes.append(f"did not connect in {CONNECT_TIMEOUT_S:.0f} s (joined: "
-                                    f"{[i for i in RECEIVERS if joined[i].is_set()]})")
-                result.load_after = loadavg()
-                return result
+                return result.given_up(f"did not connect in {CONNECT_TIMEOUT_S:.0f} s (joined: "
+                                       f"{[i for i in RECEIVERS if joined[i].is_set()]})")
             time.sleep(0.01)
         counters = {i: stack.enter_context(contextlib.closing(CountersFile(
             Path(directories[i]) / control.COUNTERS_FILE, writable=False)))
@@ -484,10 +474,8 @@ def run_aeron(hosts: Any, run: int, size: int, count: int, threading_mode: str,
             if all(ids[i] is not None and images[i] is not None for i in RECEIVERS):
                 break
             if time.monotonic() > deadline:
-                result.notes.append(f"not every receiver joined in {CONNECT_TIMEOUT_S:.0f} s "
-                                    f"(sub-pos ids {ids}, rcv-pos ids {images})")
-                result.load_after = loadavg()
-                return result
+                return result.given_up(f"not every receiver joined in {CONNECT_TIMEOUT_S:.0f} s "
+                                       f"(sub-pos ids {ids}, rcv-pos ids {images})")
             time.sleep(0.05)
         sender_id = aeron_counter_id(drivers[1].directory, 2, stream_id)
         assert sender_id is not None, "no snd-pos counter"
@@ -573,18 +561,12 @@ def line(result: Result, size: int) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=positive_int, default=500_000,
-                        help="messages per run (default: %(default)s)")
-    parser.add_argument("--size", type=positive_int, default=1024,
-                        help="message size, bytes, up to 1376 (one datagram each)")
-    parser.add_argument("--repeat", type=positive_int, default=1,
-                        help="rounds of every contender, each round in another order "
-                             "(medians reported)")
-    parser.add_argument("--set", dest="settings", action="append", default=[],
-                        type=driver_setting, metavar="KEY=VALUE",
-                        help="a slipstream driver setting (repeatable; default: none)")
+    parser = bench_parser(__doc__,
+                          messages=(500_000, "messages per run (default: %(default)s)"),
+                          size=(1024, "message size, bytes, up to 1376 (one datagram each)"),
+                          repeat=(1, "rounds of every contender, each round in another order "
+                                     "(medians reported)"))
+    add_driver_settings(parser, "a slipstream driver setting (repeatable; default: none)")
     parser.add_argument("--no-batch", action="store_true",
                         help="leave out the offer_batch / poll_batch rows")
     parser.add_argument("--no-aeron", action="store_true", help="leave the Aeron peer out")
@@ -615,8 +597,8 @@ def main() -> int:
         if missing:
             print(f"bench.mdc_hosts: {missing} (or run with --no-aeron)", file=sys.stderr)
             return 2
-    print(f"# MDC 1:3 on namespace hosts (1 publisher, 3 receivers, plain veths), {machine()}")
-    print(f"# command: python -m bench.mdc_hosts {' '.join(sys.argv[1:])}")
+    print_header("MDC 1:3 on namespace hosts (1 publisher, 3 receivers, plain veths)",
+                 "bench.mdc_hosts")
     print(f"# {args.messages:,} messages of {args.size} B per run; slipstream settings "
           f"{settings} (else the defaults), the first program's loops; Aeron 1.15.1 defaults, "
           f"{args.aeron_threading} threading, StreamingPublisher -> 3 RateSubscribers")

@@ -27,7 +27,12 @@ import sys
 import time
 from typing import Any
 
-from bench.ipc_throughput import driver_setting, machine, positive_int, run_slipstream
+from bench.ipc_throughput import (
+    add_driver_settings,
+    bench_parser,
+    print_header,
+    run_slipstream,
+)
 
 #: A 4 MiB window in a 4 MiB socket buffer (the most net.core.rmem_max grants here; a gap holds
 #: the window until it is repaired, and at 5 % loss a window holds about 200 gaps: 1 and 2 MiB
@@ -135,18 +140,15 @@ def udp_receive_buffer_drops(host: Any) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=positive_int, default=1_000_000,
-                        help="messages per run (shorter runs are dominated by their start)")
-    parser.add_argument("--size", type=positive_int, default=1024, help="message size, bytes")
+    parser = bench_parser(__doc__,
+                          messages=(1_000_000, "messages per run (shorter runs are dominated "
+                                               "by their start)"),
+                          size=(1024, "message size, bytes"),
+                          repeat=(5, "rounds of slipstream runs over every loss (medians "
+                                     "reported)"))
     parser.add_argument("--losses", type=_losses, default="0,1,5",
                         help="loss percentages to run (0 up to 100)")
-    parser.add_argument("--repeat", type=positive_int, default=5,
-                        help="rounds of slipstream runs over every loss (medians reported)")
-    parser.add_argument("--set", dest="settings", action="append", default=[],
-                        type=driver_setting,
-                        metavar="KEY=VALUE", help="a slipstream driver setting (repeatable)")
+    add_driver_settings(parser)
     parser.add_argument("--first-program", action="store_true",
                         help="the driver's default settings and the loops a first program "
                              "writes (busy offer, busy poll, no back-off of their own)")
@@ -164,8 +166,7 @@ def main() -> int:
     tuned = {} if args.first_program else DEFAULT_SETTINGS
     settings = {**tuned, **dict(args.settings)}
     losses = args.losses
-    print(f"# goodput between two namespace hosts under loss, {machine()}")
-    print(f"# command: python -m bench.netns_goodput {' '.join(sys.argv[1:])}")
+    print_header("goodput between two namespace hosts under loss", "bench.netns_goodput")
     print(f"# {args.messages:,} messages of {args.size} B; slipstream settings {settings}; "
           f"loss dropped by iptables on the receiving host (UDP for slipstream, TCP for zmq)")
     runs: dict[float, list[float]] = {loss: [] for loss in losses}

@@ -37,7 +37,7 @@ import sys
 import time
 from typing import Any
 
-from bench.ipc_throughput import machine
+from bench.ipc_throughput import bench_parser, machine
 
 
 def run_one(hosts: int, transport: str, loss: float, messages: int, size: int, seed: int,
@@ -88,8 +88,7 @@ def _list(text: str, kind: type) -> list[Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__)
     parser.add_argument("--hosts", type=lambda t: _list(t, int), default=[50, 100, 200, 500])
     parser.add_argument("--transport", type=lambda t: _list(t, str),
                         default=["multicast", "mdc"])

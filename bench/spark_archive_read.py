@@ -49,6 +49,7 @@ archived start under 2 s).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -57,9 +58,10 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
-from bench.archive_record import STREAM, _recordings, _wait
+from bench.archive_record import STREAM, _recordings, _wait, stop_archive
 from bench.archive_replay import _free_port
 from bench.ipc_throughput import machine
 from slipstream.archive.holding import driver_instance
@@ -115,6 +117,17 @@ def archive_process(work: Path, driver_dir: Path | str, port: int, streams: list
                              "--config", str(config)], stderr=subprocess.DEVNULL)
 
 
+@contextlib.contextmanager
+def running_archive(work: Path, driver_dir: Path | str, port: int,
+                    streams: list[int]) -> Iterator[subprocess.Popen[bytes]]:
+    """:func:`archive_process` for the block, stopped (:func:`stop_archive`) when it ends."""
+    archive = archive_process(work, driver_dir, port, streams)
+    try:
+        yield archive
+    finally:
+        stop_archive(archive)
+
+
 def read_part(args: argparse.Namespace) -> None:
     frame = align(HEADER_LENGTH + args.size, FRAME_ALIGNMENT)
     term = 1 << max(26, (args.messages * frame * 2 - 1).bit_length())  # holds it all
@@ -124,13 +137,12 @@ def read_part(args: argparse.Namespace) -> None:
                    for host in ("archive", "other")]
     archive_dir = work / "archive"
     port = _free_port()
-    archive = None
     loads = [_load()]
     try:
         with MediaDriver.launch(directory=directories[0], ipc_term_buffer_length=term) as driver, \
                 MediaDriver.launch(directory=directories[1]) as other, \
-                Client.connect(driver.directory) as client:
-            archive = archive_process(work, driver.directory, port, [STREAM])
+                Client.connect(driver.directory) as client, \
+                running_archive(work, driver.directory, port, [STREAM]):
             publication = client.add_publication("aeron:ipc", STREAM)
             _wait(lambda: _recordings(archive_dir), 30, "the recording")
             payload = bytes(args.size)
@@ -173,15 +185,12 @@ def read_part(args: argparse.Namespace) -> None:
                                                  "other host": other.directory},
                                           f"127.0.0.1:{port}", archive_dir)
                 rates.update({f"Spark, {name}": values for name, values in spark_rates.items()})
-            linked = [key for key in archived_links._archive_clients
-                      if key[1] == str(other.directory)]
+            with archived_links._archive_clients.entries() as links:
+                linked = [key for key in links if key[0] == str(other.directory)]
             assert not linked, f"the other host's task linked to the archive: {linked}"
             publication.close()
             loads.append(_load())
     finally:
-        if archive is not None:
-            archive.terminate()
-            archive.wait(timeout=30)
         shutil.rmtree(work, ignore_errors=True)
         for directory in directories:
             shutil.rmtree(directory, ignore_errors=True)
@@ -243,12 +252,11 @@ def plan_part(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-spark-plan-", dir="/var/tmp"))
     directory = Path("/dev/shm") / f"bench-spark-plan-{uuid.uuid4().hex[:6]}"
     port = _free_port()
-    archive = None
     loads = [_load()]
     try:
         with MediaDriver.launch(directory=directory) as driver, \
-                Client.connect(driver.directory) as client:
-            archive = archive_process(work, driver.directory, port, [STREAM, PEER_STREAM])
+                Client.connect(driver.directory) as client, \
+                running_archive(work, driver.directory, port, [STREAM, PEER_STREAM]):
             planned = client.add_publication(f"aeron:ipc?term-length={args.plan_term}", STREAM)
             peer = client.add_publication(f"aeron:ipc?term-length={peer_term}", PEER_STREAM)
             _wait(lambda: len(_recordings(work / "archive")) == 2, 30, "the recordings")
@@ -307,9 +315,6 @@ def plan_part(args: argparse.Namespace) -> None:
             peer.close()
             loads.append(_load())
     finally:
-        if archive is not None:
-            archive.terminate()
-            archive.wait(timeout=30)
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(directory, ignore_errors=True)
     back = (first[STREAM] - held_from["timestamp, archive"]) / args.plan_term

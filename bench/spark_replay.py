@@ -47,7 +47,12 @@ beside the holder's driver (control endpoint at 127.0.0.1) records the holder's 
 machine's disk, and each run reads the range a third way, as a partition of that recording
 (``archived``, no ``archiveDir``: the executor's host does not mount the archive's
 directory) with the same ``read_range``, which asks the archive for a replay through the
-executor's driver (:func:`slipstream.archive.locate.read_session`).  Its figures sit beside
+executor's driver (:func:`slipstream.archive.locate.read_session`).  Its first batch comes
+after, one after the other: the reader's subscription (a round trip to the executor's
+driver), the call to the archive, the archive's replay publication (its log made by the
+holder's driver, which sends its SETUP at once), the reader's image (its log made by the
+executor's driver, its first status message, the image handed to this process), the
+archive's first block once connected, and its first frames.  Its figures sit beside
 the holder's replay and the warm stream's; it reads after the holder's replay in even runs,
 before it in odd ones.
 
@@ -75,8 +80,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.archive_record import _recordings
-from bench.ipc_throughput import BATCH, driver_setting, machine
+from bench.archive_record import _recordings, _wait, stop_archive
+from bench.ipc_throughput import BATCH, add_driver_settings, machine
 from bench.spark_archive_read import archive_process
 from bench.udp_throughput import free_port
 from slipstream.archive.client import ArchiveClient
@@ -345,9 +350,7 @@ def main() -> None:
                         help="seconds of pause before each replay (a task that starts after "
                              "the clients' resource linger, 3 s: the drivers may make its "
                              "logs from those earlier replays released, log_reuse_bytes)")
-    parser.add_argument("--set", dest="settings", action="append", default=[],
-                        type=driver_setting, metavar="KEY=VALUE",
-                        help="a setting of both drivers (repeatable)")
+    add_driver_settings(parser, "a setting of both drivers (repeatable)")
     args = parser.parse_args()
     if args.pin and not {HOLDER_CPU, READER_CPU} <= os.sched_getaffinity(0):
         parser.error(f"--pin needs CPUs {READER_CPU} and {HOLDER_CPU} (this process may run on "
@@ -396,12 +399,7 @@ def main() -> None:
         log = here.recv()
         reader = Client.connect(executor_dir)
         warm = reader.add_subscription(reply_subscription_channel(warm_channel), WARM_STREAM)
-        deadline = time.monotonic() + IDLE_LIMIT_S
-        while not warm.images:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"no image of the warm stream ({warm_channel}) after "
-                                 f"{IDLE_LIMIT_S} s")
-            time.sleep(0.01)
+        _wait(lambda: warm.images, IDLE_LIMIT_S, f"an image of the warm stream ({warm_channel})")
         counters = CountersFile(Path(holder_dir) / "counters.dat")
         holder_driver = driver_instance(counters)
         counters.close()
@@ -539,8 +537,7 @@ def main() -> None:
         if holder is not None and holder.is_alive():
             holder.kill()
         if archive is not None:
-            archive.terminate()
-            archive.wait(timeout=30)
+            stop_archive(archive)
         shutil.rmtree(work, ignore_errors=True)
         for launch in reversed(launches):
             launch.__exit__(None, None, None)

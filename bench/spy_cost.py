@@ -27,7 +27,6 @@ both at the publisher's final position).
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import os
 import statistics
@@ -39,14 +38,12 @@ from typing import TYPE_CHECKING
 
 from bench.ipc_throughput import (
     BATCH,
-    driver_setting,
-    machine,
-    positive_int,
+    add_driver_settings,
+    bench_parser,
+    print_header,
     scratch_directory,
-    sizes_up_to,
 )
 from bench.udp_throughput import DEFAULT_SETTINGS, free_port
-from slipstream.client.layout import TERM_MAX_LENGTH
 
 if TYPE_CHECKING:
     from slipstream.daemon.driver import MediaDriver
@@ -168,25 +165,17 @@ def run(a, b, size: int, count: int, stream_id: int, *, spy: bool) -> tuple[floa
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=positive_int, default=2_000_000,
-                        help="messages per run")
-    parser.add_argument("--sizes", default="32,1024", type=sizes_up_to(TERM_MAX_LENGTH, "any log"),
-                        help="message sizes in bytes")
-    parser.add_argument("--repeat", type=positive_int, default=3,
-                        help="runs per case, alternating; median and spread shown")
-    parser.add_argument("--set", dest="settings", action="append", default=[],
-                        type=driver_setting, metavar="KEY=VALUE",
-                        help="a slipstream driver setting (repeatable)")
+    parser = bench_parser(__doc__,
+                          messages=(2_000_000, "messages per run"),
+                          sizes=("32,1024", "message sizes in bytes"),
+                          repeat=(3, "runs per case, alternating; median and spread shown"))
+    add_driver_settings(parser)
     args = parser.parse_args()
 
     from slipstream.daemon.driver import MediaDriver
 
     settings = {**DEFAULT_SETTINGS, **dict(args.settings)}
-    print(f"# a spy's cost to its UDP publication, loopback, {machine()}")
-    print(f"# command: python -m bench.spy_cost {' '.join(sys.argv[1:])}")
-    print(f"# slipstream settings: {settings}")
+    print_header("a spy's cost to its UDP publication, loopback", "bench.spy_cost", settings)
     scratch = scratch_directory()
     directory = Path(scratch.name)
     stream_id = 2000

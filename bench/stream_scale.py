@@ -6,6 +6,11 @@ each, then idle.  For each K it prints:
 * the time to add a pair, in ms: the mean of the first 100 pairs and of the last 100, their
   ratio (flat is 1.0), and the total; IPC at K = 100, 1,000, 10,000 and UDP on loopback (an
   endpoint of its own each) at K = 100, 500, 2,000 by default;
+* where the adds' time went in the driver: each of its threads' CPU per pair over the adds
+  and over the last 100 (utime + stime from ``/proc/PID/task/TID/stat``, by thread name: the
+  conductor is the main thread), which the machine's other load does not inflate as it does
+  the wall time; and the subscription's part of the last 100 adds (the client's command and
+  the driver's answer; the rest is the publication's, in the publishing client);
 * the time from the last add until one message went through every pair (UDP: every stream
   connected), and through how many within 120 s (a stream the receiver refuses never
   connects);
@@ -75,6 +80,11 @@ class Curve:
     status_messages: float | None
     rss_per_stream: float  # bytes
     shm_per_stream: float  # bytes
+    add_cpu_ms: dict[str, float]  # each driver thread's CPU per pair over the adds, by name
+    #: Each driver thread's CPU per pair over the last EDGE adds, by name (None: not taken).
+    last_cpu_ms: dict[str, float] | None = None
+    #: The subscription's part of each add (ns; None: not taken apart).
+    subscribe_ns: list[int] | None = None
 
     def mean_ms(self, part: slice) -> float:
         chosen = self.add_ns[part]
@@ -117,6 +127,29 @@ def cpu_ticks(pid: int) -> int:
     """utime + stime of a process, clock ticks."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])
+
+
+def thread_ticks(pid: int) -> dict[str, int]:
+    """utime + stime of each thread of a process, clock ticks, summed by thread name."""
+    ticks: dict[str, int] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that ended meanwhile
+        ticks[name] = ticks.get(name, 0) + int(fields[11]) + int(fields[12])
+    return ticks
+
+
+def cpu_per_pair(before: dict[str, int], after: dict[str, int], pairs: int
+                 ) -> dict[str, float]:
+    """Each thread's CPU between two :func:`thread_ticks`, ms per pair, the busiest first
+    (threads that took none left out)."""
+    spent = {name: (after[name] - before.get(name, 0)) / CLOCK_TICKS * 1e3 / pairs
+             for name in after}
+    return dict(sorted(((n, ms) for n, ms in spent.items() if ms > 0),
+                       key=lambda item: -item[1]))
 
 
 def rss_bytes(pid: int) -> int:
@@ -230,13 +263,20 @@ def _measure(driver_directory: Path, client, conn, pid: int,
     from slipstream.client.counters import CountersFile, SystemCounter
 
     pairs = len(channels)
-    subscriptions, add_ns = [], []
+    subscriptions, add_ns, subscribe_ns = [], [], []
+    ticks_before = ticks_last = thread_ticks(pid)
     for i, channel in enumerate(channels):
+        if i == pairs - EDGE:
+            ticks_last = thread_ticks(pid)
         began = time.perf_counter_ns()
         subscriptions.append(client.add_subscription(channel, 1000 + i))
         subscribed_ns = time.perf_counter_ns() - began
         conn.send(i)
         add_ns.append(subscribed_ns + conn.recv())
+        subscribe_ns.append(subscribed_ns)
+    ticks_after = thread_ticks(pid)
+    add_cpu_ms = cpu_per_pair(ticks_before, ticks_after, pairs)
+    last_cpu_ms = cpu_per_pair(ticks_last, ticks_after, min(EDGE, pairs))
     began = time.monotonic()
     conn.send(("offer", time.time() + THROUGH_TIMEOUT_S))
     sent = conn.recv()
@@ -268,7 +308,8 @@ def _measure(driver_directory: Path, client, conn, pid: int,
                  (sent_after[0] - sent_before[0]) / per_stream,
                  (sent_after[1] - sent_before[1]) / per_stream,
                  (rss_bytes(pid) - rss_before) / pairs,
-                 (shm_bytes(driver_directory) - shm_before) / pairs)
+                 (shm_bytes(driver_directory) - shm_before) / pairs, add_cpu_ms, last_cpu_ms,
+                 subscribe_ns)
 
 
 def build_aeron_client(aeron: Path, directory: Path) -> Path:
@@ -300,12 +341,14 @@ def run_aeron(aeron: Path, program: Path, directory: Path, transport: str, pairs
             time.sleep(0.05)
         time.sleep(0.2)
         rss_before, shm_before = rss_bytes(driver.pid), shm_bytes(aeron_directory)
+        ticks_before = thread_ticks(driver.pid)
         client = subprocess.Popen(
             [str(program), str(aeron_directory), transport, str(pairs),
              str(first_port(pairs) if transport == "udp" else 0),
              str(int(idle_s + SETTLE_S + 2))], stdout=subprocess.PIPE, text=True)
         assert client.stdout is not None
         add_ns = [int(client.stdout.readline()) for _ in range(pairs)]
+        add_cpu_ms = cpu_per_pair(ticks_before, thread_ticks(driver.pid), pairs)
         through_s = float(client.stdout.readline().split()[1])
         if client.stdout.readline().strip() != "idle":
             raise RuntimeError("the Aeron client did not reach its idle phase")
@@ -313,7 +356,7 @@ def run_aeron(aeron: Path, program: Path, directory: Path, transport: str, pairs
         cpu = idle_cpu(driver.pid, idle_s)
         curve = Curve("aeron C", transport, pairs, add_ns, through_s, pairs, cpu, None, None,
                       (rss_bytes(driver.pid) - rss_before) / pairs,
-                      (shm_bytes(aeron_directory) - shm_before) / pairs)
+                      (shm_bytes(aeron_directory) - shm_before) / pairs, add_cpu_ms)
         client.wait(timeout=60)
         return curve
     finally:
@@ -328,10 +371,19 @@ def print_curve(curve: Curve, peer: Curve | None) -> None:
     versus = ("" if peer is None else
               f" [vs aeron C: first {curve.first_ms / peer.first_ms:.2f}x, "
               f"last {curve.last_ms / peer.last_ms:.2f}x]")
+    edge = min(EDGE, curve.pairs)
+    subscribing = ("" if curve.subscribe_ns is None else
+                   f" (the subscription {sum(curve.subscribe_ns[-edge:]) / edge / 1e6:.2f} ms "
+                   f"of the last's)")
+    last_cpu = curve.last_cpu_ms or {}
+    cpu = ", ".join(f"{name} {ms:.2f} ms" + (f" (last {edge} {last_cpu[name]:.2f} ms)"
+                                             if name in last_cpu else "")
+                    for name, ms in curve.add_cpu_ms.items())
     print(f"  {curve.driver:10s} {curve.transport} K={curve.pairs:6d}: add a pair "
-          f"{curve.first_ms:7.2f} ms first {min(EDGE, curve.pairs)} -> {curve.last_ms:7.2f} ms "
-          f"last {min(EDGE, curve.pairs)} ({curve.last_ms / curve.first_ms:.2f}x), "
-          f"{sum(curve.add_ns) / 1e9:.1f} s in all; one message through "
+          f"{curve.first_ms:7.2f} ms first {edge} -> {curve.last_ms:7.2f} ms "
+          f"last {edge} ({curve.last_ms / curve.first_ms:.2f}x){subscribing}, "
+          f"{sum(curve.add_ns) / 1e9:.1f} s in all; driver CPU per pair {cpu}; "
+          f"one message through "
           f"{curve.through} of {curve.pairs} in {curve.through_s:.2f} s; idle "
           f"{100 * curve.idle_cpu:.1f} % of a core{rates}; "
           f"per stream RSS {curve.rss_per_stream / 1024:.0f} KiB, /dev/shm "

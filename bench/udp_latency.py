@@ -19,7 +19,6 @@ A p99 or p99.9 of one 3-5 s run moves by 2-4x from run to run on a shared 2 vCPU
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import multiprocessing
@@ -31,19 +30,18 @@ from pathlib import Path
 
 from bench.ipc_latency import (
     WARMUP,
-    _line,
     _run,
     _ss_pinger,
     _ss_ponger,
-    _zmq_pinger,
-    _zmq_ponger,
     paced_round_trips,
+    percentile_line,
+    zmq_round_trips,
 )
 from bench.ipc_throughput import (
+    add_driver_settings,
+    bench_parser,
     driver_setting,
-    machine,
-    positive_float,
-    positive_int,
+    print_header,
     scratch_directory,
 )
 from bench.udp_throughput import free_port, free_tcp_port
@@ -122,15 +120,13 @@ def _udp_pinger(port: int, rounds: int, rate: int, ready, out) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rate", type=positive_int, default=10_000,
-                        help="round trips per second")
-    parser.add_argument("--seconds", type=positive_float, default=5.0, help="measured duration")
+    parser = bench_parser(__doc__,
+                          rate=(10_000, "round trips per second"),
+                          seconds=(5.0, "measured duration"),
+                          repeat=(1, "runs of the quiet drivers and of each variant, in turns "
+                                     "(their medians are compared)"))
     parser.add_argument("--no-aeron", action="store_true", help="leave the Aeron peer out")
-    parser.add_argument("--set", dest="settings", action="append", default=[],
-                        type=driver_setting,
-                        metavar="KEY=VALUE", help="a slipstream driver setting (repeatable)")
+    add_driver_settings(parser)
     parser.add_argument("--embedded", action="store_true",
                         help="also run slipstream with a driver embedded in each of the two "
                              "processes in invoker mode, and raw Python UDP ping-pong")
@@ -141,9 +137,6 @@ def main() -> int:
                         type=lambda text: driver_setting(f"debug_conductor_gil_hold={text}")[1],
                         help="also run slipstream with both drivers' conductors holding the GIL "
                              "this long every 100 ms (debug_conductor_gil_hold, e.g. 20ms)")
-    parser.add_argument("--repeat", type=positive_int, default=1,
-                        help="runs of the quiet drivers and of each variant, in turns (their "
-                             "medians are compared)")
     args = parser.parse_args()
     settings = dict(args.settings)
     rounds = WARMUP + int(args.rate * args.seconds)
@@ -156,15 +149,13 @@ def main() -> int:
         return [read_system_counters(d.directory)[SystemCounter.NETWORK_PYTHON_PASSES]
                 for d in drivers]
 
-    print(f"# UDP ping-pong latency at {args.rate:,} round trips/s over loopback, {machine()}")
-    print(f"# command: python -m bench.udp_latency {' '.join(sys.argv[1:])}")
+    print_header(f"UDP ping-pong latency at {args.rate:,} round trips/s over loopback",
+                 "bench.udp_latency")
     scratch = scratch_directory()
     directory = Path(scratch.name)
     context = multiprocessing.get_context("spawn")
     idle_cpu = context.Value("d", -1.0)
-    endpoint = f"tcp://127.0.0.1:{free_tcp_port()}"
-    zmq_histogram = _run(_zmq_pinger, _zmq_ponger, (endpoint, rounds, args.rate),
-                         (endpoint, rounds))
+    zmq_histogram = zmq_round_trips(f"tcp://127.0.0.1:{free_tcp_port()}", rounds, args.rate)
     def run_pair(name: str, pair_settings: dict, churn: bool = False):
         """A ping-pong through two new drivers: (histogram, the drivers' Python passes a
         second over the run, setup included), with a churner on each driver if asked."""
@@ -227,9 +218,9 @@ def main() -> int:
     def median(runs, percentile: float) -> float:
         return statistics.median(h.get_value_at_percentile(percentile) for h, _ in runs)
 
-    print(_line("pyzmq PAIR tcp://", zmq_histogram))
+    print(percentile_line("pyzmq PAIR tcp://", zmq_histogram))
     for histogram, _ in quiet_runs:
-        print(_line("slipstream aeron:udp", histogram))
+        print(percentile_line("slipstream aeron:udp", histogram))
     ratios = ", ".join(
         f"p{p:g} {median(quiet_runs, p) / zmq_histogram.get_value_at_percentile(p):.2f}x"
         for p in (50, 99, 99.9))
@@ -242,20 +233,20 @@ def main() -> int:
     if embedded_runs:
         for (udp_histogram, _), (embedded_histogram, _) in zip(udp_runs, embedded_runs,
                                                                strict=True):
-            print(_line("raw Python UDP", udp_histogram))
-            print(_line("  embedded, invoker", embedded_histogram))
+            print(percentile_line("raw Python UDP", udp_histogram))
+            print(percentile_line("  embedded, invoker", embedded_histogram))
         p50 = median(embedded_runs, 50) / median(udp_runs, 50)
         p99 = median(embedded_runs, 99) / zmq_histogram.get_value_at_percentile(99)
         print(f"# embedded: p50 {p50:.2f}x raw UDP's ({runs}); p99 {p99:.2f}x pyzmq tcp's "
               f"(the embedded runs' median)")
     if held_runs:
         for histogram, _ in held_runs:
-            print(_line(f"  GIL held {args.gil_hold}/100ms", histogram))
+            print(percentile_line(f"  GIL held {args.gil_hold}/100ms", histogram))
         ratio = median(held_runs, 99) / median(quiet_runs, 99)
         print(f"# p99 with the conductors holding the GIL / quiet ({runs}): {ratio:.2f}x")
     if churn_runs:
         for histogram, _ in churn_runs:
-            print(_line("  IPC add/remove 100ms", histogram))
+            print(percentile_line("  IPC add/remove 100ms", histogram))
         moved = median(churn_runs, 99.9) - median(quiet_runs, 99.9)
         print(f"# p99.9 with a default IPC publication added and removed every 100 ms on each "
               f"driver ({churns.value} times in all) - quiet ({runs}): {moved / 1000:+.2f} ms")

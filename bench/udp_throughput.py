@@ -23,22 +23,20 @@ buffer.  64 KiB messages go with ``mtu=65504`` on both sides (the loopback MTU a
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import socket
 import sys
 from pathlib import Path
 
 from bench.ipc_throughput import (
-    driver_setting,
-    machine,
-    positive_int,
+    add_driver_settings,
+    bench_parser,
+    print_header,
     run_slipstream,
     run_zmq,
     scratch_directory,
-    sizes_up_to,
 )
-from slipstream.client.layout import MAX_UDP_PAYLOAD_LENGTH, TERM_MAX_LENGTH, max_message_length
+from slipstream.client.layout import MAX_UDP_PAYLOAD_LENGTH, max_message_length
 from slipstream.daemon.config import DriverSettings, check_setting
 
 DEFAULT_SETTINGS = {"rcv_initial_window_length": "2m", "socket_so_rcvbuf": "4m"}
@@ -85,22 +83,15 @@ def run_aeron(size: int, count: int, *, two_drivers: bool, settings: dict[str, s
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=positive_int, default=10_000_000,
-                        help="messages per run of sizes up to 64 B")
-    parser.add_argument("--bytes", type=positive_int, default=4 << 30,
-                        help="bytes per run of larger sizes (runs of several seconds: Aeron's "
-                             "RateSubscriber reports once a second)")
-    parser.add_argument("--sizes", default="32,1024,65536",
-                        type=sizes_up_to(TERM_MAX_LENGTH, "any log"),
-                        help="message sizes in bytes, up to the largest message of the UDP "
-                             "log (term_buffer_length: 2 MiB for the default 16 MiB terms)")
-    parser.add_argument("--repeat", type=positive_int, default=2,
-                        help="runs per contender; best kept")
-    parser.add_argument("--set", dest="settings", action="append", default=[],
-                        type=driver_setting,
-                        metavar="KEY=VALUE", help="a slipstream driver setting (repeatable)")
+    parser = bench_parser(__doc__,
+                          messages=(10_000_000, "messages per run of sizes up to 64 B"),
+                          bytes=(4 << 30, "bytes per run of larger sizes (runs of several "
+                                          "seconds: Aeron's RateSubscriber reports once a second)"),
+                          sizes=("32,1024,65536", "message sizes in bytes, up to the largest "
+                                 "message of the UDP log (term_buffer_length: 2 MiB for the "
+                                 "default 16 MiB terms)"),
+                          repeat=(2, "runs per contender; best kept"))
+    add_driver_settings(parser)
     parser.add_argument("--no-aeron", action="store_true", help="leave the Aeron peer out")
     parser.add_argument("--no-first-program", action="store_true",
                         help="leave out the loops a first program writes (unpinned, the "
@@ -116,9 +107,7 @@ def main() -> int:
         if size > max_message_length(term_length):
             parser.error(f"argument --sizes: {size} is over {max_message_length(term_length)} "
                          f"bytes, the largest message of a log of {term_length}-byte terms")
-    print(f"# UDP throughput over loopback, {machine()}")
-    print(f"# command: python -m bench.udp_throughput {' '.join(sys.argv[1:])}")
-    print(f"# slipstream settings: {settings}")
+    print_header("UDP throughput over loopback", "bench.udp_throughput", settings)
     scratch = scratch_directory()
     directory = Path(scratch.name)
     with MediaDriver.launch(directory=directory / "a", **settings) as a, \

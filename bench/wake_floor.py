@@ -18,7 +18,6 @@ to the wakee's clock after it; T trials each:
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
@@ -27,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.ipc_throughput import machine, positive_int
+from bench.ipc_throughput import bench_parser, machine, positive_int
 
 SOURCE = Path(__file__).with_name("wake_floor.c")
 
@@ -65,8 +64,7 @@ def run_case(binary: Path, mechanism: str, waker_cpu: int, wakee_cpu: int, waker
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__)
     parser.add_argument("--trials", type=positive_int, default=3)
     parser.add_argument("--samples", type=positive_int, default=2000)
     args = parser.parse_args()

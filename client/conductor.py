@@ -110,8 +110,18 @@ class _OwnedRLock:
 
     def __enter__(self) -> _OwnedRLock:
         self._lock.acquire()
-        self._owner = threading.get_ident()
-        self._depth += 1
+        # An exception raised here (a KeyboardInterrupt from a signal handler) would leave the
+        # lock held with no ``__exit__`` to release it: release it before the exception goes
+        # on.  What remains is a signal taken as ``acquire`` returns, before the ``try``, the
+        # window ``with`` on a ``threading.RLock`` has too.
+        try:
+            self._owner = threading.get_ident()
+            self._depth += 1
+        except BaseException:
+            if self._depth == 0:
+                self._owner = None
+            self._lock.release()
+            raise
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -537,7 +547,7 @@ class ClientConductor:
         if subscription is None or subscription.is_closed:
             return
         try:
-            log_buffer = LogBuffer(message["log_file"], writes_terms=False)
+            log_buffer = LogBuffer(message["log_file"])
         except (OSError, ValueError) as e:
             # It may be gone already (a short-lived image): its UNAVAILABLE_IMAGE follows.
             log.info("could not map image %s: %s", message["log_file"], e)

@@ -33,7 +33,7 @@ import re
 import struct
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -121,6 +121,9 @@ class CounterType(enum.IntEnum):
     # slipstream's, a durable= publication's (docs/CHANNELS.md §7.7)
     PUBLISHER_DURABLE = 1009  # pub-durable: the position N tagged receivers consumed to
     DURABLE_RECEIVERS = 1010  # durable-rcv: tagged receivers heard within their timeout
+    # slipstream's, one per capacity a user can reach (:func:`capacities`): its label is the
+    # setting that bounds it, its value the use now, its key the setting's value (int64)
+    CAPACITY = 1011
     # A client's (the archive's), not the driver's: a recording's position, bytes (Aeron's
     # RecordingPos, type 100); its key: recording id, session id, stream id, the archive's
     # identity (slipstream.archive.reading.recording_position_key).
@@ -334,6 +337,48 @@ class CounterInfo:
     label: str
     value: int
     key: bytes = b""
+
+
+@attrs.frozen
+class Capacity:
+    """A bound a user can reach: ``setting`` (the driver setting to raise), ``used`` now and
+    its ``limit`` (the setting's value), in ``unit`` (``bytes`` or ``count``)."""
+
+    setting: str
+    used: int
+    limit: int
+    unit: str
+
+
+#: The unit of each capacity the driver reports, by its setting: a ``*_limit`` of memory in
+#: bytes, the others counts.
+CAPACITY_UNITS: Final[dict[str, str]] = {
+    "counters_capacity": "count",
+    "log_buffer_memory_limit": "bytes",
+    "image_pending_max": "count",
+    "image_source_max_images": "count",
+    "image_source_memory_limit": "bytes",
+}
+_CAPACITY_KEY = struct.Struct("<q")
+
+
+def capacity_key(limit: int) -> bytes:
+    """The key of a :attr:`CounterType.CAPACITY` counter: its setting's value."""
+    return _CAPACITY_KEY.pack(limit)
+
+
+def capacities(counters: CountersFile, allocated: Sequence[CounterInfo]) -> list[Capacity]:
+    """Every capacity the driver of ``counters`` reports, with its use now: the counters
+    file's own (``allocated``, every counter allocated in it, of ``counters_capacity``), then
+    one per :attr:`CounterType.CAPACITY` counter."""
+    found = [Capacity("counters_capacity", len(allocated), counters.capacity,
+                      CAPACITY_UNITS["counters_capacity"])]
+    for info in allocated:
+        if info.type_id == CounterType.CAPACITY and len(info.key) >= _CAPACITY_KEY.size:
+            (limit,) = _CAPACITY_KEY.unpack_from(info.key)
+            found.append(Capacity(info.label, info.value, limit,
+                                  CAPACITY_UNITS.get(info.label, "count")))
+    return found
 
 
 POSITION_TYPES = frozenset((CounterType.PUBLISHER_LIMIT, CounterType.PUBLISHER_POSITION,

@@ -260,22 +260,21 @@ class LogBuffer(OfOneLog):
     """
 
     def __init__(self, path: str | os.PathLike[str], *, writable: bool = True,
-                 populate: bool | None = None, writes_terms: bool = True) -> None:
+                 populate: bool | None = None) -> None:
         """Map the log at ``path``.  ``populate`` maps every page in place up front (default:
-        when the log is not sparse), so the hot paths never take a page fault.  A writer's
-        view of a sparse log (``writes_terms``: a publisher's, the driver's of an image;
-        ``populate`` None) still has the pages the file holds already mapped in place (none
-        in a new file; those of a released log's file the driver reused for it, or of a live
-        log written so far), each of which would otherwise cost its first write a fault; a
-        reader's faults map 16 pages each."""
+        when the log is not sparse), so the hot paths never take a page fault.  A view of a
+        sparse log (``populate`` None: a publisher's, a subscriber's image, the driver's of
+        an image) still has the pages the file holds already mapped in place (none in a new
+        file; those of a released log's file the driver reused for it, or of a live log
+        written so far), on the thread that maps it, where its writer or reader would
+        otherwise take a fault for each 4 KiB written or 64 KiB read."""
         self.path = Path(path)
         self._borrowed = False  # a handle on another LogBuffer's mapping (see borrowed())
         fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
         try:
             length = os.fstat(fd).st_size
             self._map = map_shared(fd, length, writable=writable)
-            resident = (resident_ranges(fd, length)
-                        if writable and writes_terms and populate is None else [])
+            resident = resident_ranges(fd, length) if populate is None else []
         finally:
             os.close(fd)
         self.length = length
@@ -301,8 +300,12 @@ class LogBuffer(OfOneLog):
         if populate if populate is not None else not self.is_sparse:
             self._populate(writable)
         else:
+            # Mapped for reading: the file's own pages, written before, are mapped 16 to a
+            # fault (fault-around) where a write populate takes a fault a page (64 MB: 1k
+            # faults, 2 ms, against 16k, 5-10 ms).  The entries are writable on tmpfs (a
+            # shared mapping of it needs no write notice), so the writes take no fault.
             for start, end in resident:
-                lib.ss_populate(self.address + start, end - start, int(writable))
+                lib.ss_populate(self.address + start, end - start, 0)
 
     # -- creation -------------------------------------------------------------------------
     @classmethod

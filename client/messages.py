@@ -12,6 +12,8 @@ from array import array
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+import attrs
+
 from slipstream.client.layout import (
     CURRENT_VERSION,
     DATA_HEADER,
@@ -60,6 +62,16 @@ class Header:
         return DATA_HEADER.unpack_from(self._term, self._payload - HEADER_LENGTH)
 
     @property
+    def session_id(self) -> int:
+        """The session of the image this message came from (read-only: the image's)."""
+        return self._image.session_id
+
+    @property
+    def stream_id(self) -> int:
+        """The stream of the image this message came from (read-only: the image's)."""
+        return self._image.stream_id
+
+    @property
     def frame_length(self) -> int:
         return self._fields()[0]
 
@@ -74,14 +86,6 @@ class Header:
     @property
     def term_id(self) -> int:
         return self._fields()[7]
-
-    @property
-    def session_id(self) -> int:
-        return self._image.session_id
-
-    @property
-    def stream_id(self) -> int:
-        return self._image.stream_id
 
     @property
     def reserved_value(self) -> int:
@@ -172,6 +176,7 @@ class ControlledPollAction(enum.Enum):
 ControlledFragmentHandler = Callable[[memoryview, Header], ControlledPollAction]
 
 
+@attrs.define(eq=False, repr=False)
 class MessageBatch:
     """Whole messages from one poll_batch, in place: message i is ``buffer[starts[i]:ends[i]]``.
 
@@ -180,15 +185,11 @@ class MessageBatch:
     same subscription.
     """
 
-    __slots__ = ("buffer", "ends", "position", "session_id", "starts")
-
-    def __init__(self, buffer: memoryview, starts: memoryview, ends: memoryview,
-                 session_id: int, position: int) -> None:
-        self.buffer = buffer
-        self.starts = starts
-        self.ends = ends
-        self.session_id = session_id
-        self.position = position
+    buffer: memoryview
+    starts: memoryview
+    ends: memoryview
+    session_id: int
+    position: int
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -207,6 +208,7 @@ class MessageBatch:
         return sum(self.ends) - sum(self.starts)
 
 
+@attrs.define(eq=False, repr=False)
 class GatheredMessages:
     """Whole messages from one :meth:`Image.poll_gathered`, copied out of the log back to back:
     message i is ``data[offsets[i]:offsets[i + 1]]`` (``lengths[i]`` bytes), ``positions[i]``
@@ -216,16 +218,12 @@ class GatheredMessages:
     they are (``pyarrow`` wraps them without a copy), and what ``offer_batch`` takes.  Owned by
     the caller."""
 
-    __slots__ = ("data", "lengths", "offsets", "positions", "reserved_values", "session_id")
-
-    def __init__(self, data: bytearray, offsets: array, lengths: array, positions: array,
-                 reserved_values: array, session_id: int) -> None:
-        self.data = data
-        self.offsets = offsets
-        self.lengths = lengths
-        self.positions = positions
-        self.reserved_values = reserved_values
-        self.session_id = session_id
+    data: bytearray
+    offsets: array
+    lengths: array
+    positions: array
+    reserved_values: array
+    session_id: int
 
     @classmethod
     def one(cls, message: bytes, position: int, reserved_value: int,

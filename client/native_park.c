@@ -167,12 +167,19 @@ void ss_advance_position(int64_t *position_counter, int64_t position, uint8_t *m
     if (doorbell_fd >= 0) ss_ring_doorbell(meta, doorbell_fd, position);
 }
 
-int ss_await_credit(const ss_appender_t *a, int64_t spin_ns, int64_t yield_ns,
-                    int64_t timeout_ns) {
+/* A publisher's wait until ready(context) (credit, a durable position): spin for spin_ns, then
+ * give the core up between looks until spin_ns + yield_ns, then park on `signal`, registered in
+ * `waiters`: the driver stores what ready reads, then bumps `signal` if anyone waits
+ * (ss_signal).  Returns 1 when ready, 0 when the deadline (timeout_ns after the start; -1:
+ * none) passed; else what ready says as the park ends, which is at the first wake-up, or with
+ * `until_ready` only at one that finds it ready, a time-out or a signal (EINTR). */
+static inline __attribute__((always_inline)) int await_ready(
+    int (*ready)(const void *context), const void *context, int32_t *signal,
+    int32_t *waiters, int64_t spin_ns, int64_t yield_ns, int64_t timeout_ns, int until_ready) {
     int64_t start = monotonic_ns();
     int64_t deadline = timeout_ns < 0 ? -1 : start + timeout_ns;
     for (uint32_t n = 0;; n++) {
-        if (has_credit(a)) return 1;
+        if (ready(context)) return 1;
         if ((n & 63) == 63) {
             int64_t now = monotonic_ns();
             if (now - start >= spin_ns) break;
@@ -183,21 +190,19 @@ int ss_await_credit(const ss_appender_t *a, int64_t spin_ns, int64_t yield_ns,
     /* Then give the core up between looks: the driver that moves the limit, or the
      * subscriber it waits for, may need it; a park's wake-up costs an idle vCPU tens of us. */
     for (;;) {
-        if (has_credit(a)) return 1;
+        if (ready(context)) return 1;
         int64_t now = monotonic_ns();
         if (now - start >= spin_ns + yield_ns) break;
         if (deadline >= 0 && now >= deadline) return 0;
         sched_yield();
     }
-    int32_t *signal = (int32_t *)(a->meta + SS_META_PUBLISHER_SIGNAL);
-    int32_t *waiters = (int32_t *)(a->meta + SS_META_PUBLISHER_WAITERS);
     __atomic_fetch_add(waiters, 1, __ATOMIC_SEQ_CST);
     int result = 0;
     for (;;) {
         int32_t seen = __atomic_load_n(signal, __ATOMIC_SEQ_CST);
-        /* Registered, then re-checked: the driver stores the limit, then reads the waiters
-         * (ss_signal), so either it sees us or we see its limit. */
-        if (has_credit(a)) { result = 1; break; }
+        /* Registered, then re-checked: the driver stores, then reads the waiters (ss_signal),
+         * so either it sees us or we see what it stored. */
+        if (ready(context)) { result = 1; break; }
         int64_t remaining = -1;
         if (deadline >= 0) {
             remaining = deadline - monotonic_ns();
@@ -205,59 +210,48 @@ int ss_await_credit(const ss_appender_t *a, int64_t spin_ns, int64_t yield_ns,
         }
         int rc = ss_futex_wait(signal, seen, remaining);
         if (rc == EAGAIN) continue; /* the word moved before we slept: look again */
-        /* Woken, timed out or interrupted (EINTR: Python delivers signals such as
-         * KeyboardInterrupt): return either way, the caller looks again. */
-        result = has_credit(a);
+        /* Woken, with until_ready: it moved, maybe not far enough yet: look again. */
+        if (until_ready && rc != ETIMEDOUT && rc != EINTR) continue;
+        /* Timed out or interrupted (EINTR: Python delivers signals such as
+         * KeyboardInterrupt), or woken once: return either way, the caller looks again. */
+        result = ready(context);
         break;
     }
     __atomic_fetch_sub(waiters, 1, __ATOMIC_SEQ_CST);
     return result;
 }
 
-static inline int durable_reached(const ss_appender_t *a, const int64_t *durable, int64_t target) {
-    return LOAD_ACQ(durable) >= target || LOAD_ACQ(&a->closed);
+static int credit_ready(const void *appender) {
+    return has_credit((const ss_appender_t *)appender);
+}
+
+int ss_await_credit(const ss_appender_t *a, int64_t spin_ns, int64_t yield_ns,
+                    int64_t timeout_ns) {
+    return await_ready(credit_ready, a, (int32_t *)(a->meta + SS_META_PUBLISHER_SIGNAL),
+                       (int32_t *)(a->meta + SS_META_PUBLISHER_WAITERS), spin_ns, yield_ns,
+                       timeout_ns, 0);
+}
+
+struct durable_wait {
+    const ss_appender_t *appender;
+    const int64_t *durable;
+    int64_t target;
+};
+
+/* Reached, or closed (the wait ends; the caller looks at why). */
+static int durable_ready(const void *context) {
+    const struct durable_wait *w = context;
+    return LOAD_ACQ(w->durable) >= w->target || LOAD_ACQ(&w->appender->closed);
 }
 
 int ss_await_durable(const ss_appender_t *a, const int64_t *durable, int64_t target,
                      int64_t spin_ns, int64_t yield_ns, int64_t timeout_ns) {
     /* As ss_await_credit: a status message moves the position every quarter window, so a
-     * pipelined publisher finds it moved within a short spin; a lone one parks. */
-    int64_t start = monotonic_ns();
-    int64_t deadline = timeout_ns < 0 ? -1 : start + timeout_ns;
-    for (uint32_t n = 0;; n++) {
-        if (durable_reached(a, durable, target)) return LOAD_ACQ(durable) >= target;
-        if ((n & 63) == 63) {
-            int64_t now = monotonic_ns();
-            if (now - start >= spin_ns) break;
-            if (deadline >= 0 && now >= deadline) return 0;
-        }
-        cpu_relax();
-    }
-    for (;;) {
-        if (durable_reached(a, durable, target)) return LOAD_ACQ(durable) >= target;
-        int64_t now = monotonic_ns();
-        if (now - start >= spin_ns + yield_ns) break;
-        if (deadline >= 0 && now >= deadline) return 0;
-        sched_yield();
-    }
-    int32_t *signal = (int32_t *)(a->meta + SS_META_DURABLE_SIGNAL);
-    int32_t *waiters = (int32_t *)(a->meta + SS_META_DURABLE_WAITERS);
-    __atomic_fetch_add(waiters, 1, __ATOMIC_SEQ_CST);
-    for (;;) {
-        int32_t seen = __atomic_load_n(signal, __ATOMIC_SEQ_CST);
-        /* Registered, then re-checked: the driver stores the position, then reads the
-         * waiters (ss_signal), so either it sees us or we see its position. */
-        if (durable_reached(a, durable, target)) break;
-        int64_t remaining = -1;
-        if (deadline >= 0) {
-            remaining = deadline - monotonic_ns();
-            if (remaining <= 0) break;
-        }
-        int rc = ss_futex_wait(signal, seen, remaining);
-        if (rc == EAGAIN) continue; /* the word moved before we slept: look again */
-        if (rc == ETIMEDOUT || rc == EINTR) break;
-        /* Woken: the position moved, maybe not far enough yet: look again. */
-    }
-    __atomic_fetch_sub(waiters, 1, __ATOMIC_SEQ_CST);
+     * pipelined publisher finds it moved within a short spin; a lone one parks, woken at each
+     * move until it reaches the target. */
+    const struct durable_wait wait = {a, durable, target};
+    await_ready(durable_ready, &wait, (int32_t *)(a->meta + SS_META_DURABLE_SIGNAL),
+                (int32_t *)(a->meta + SS_META_DURABLE_WAITERS), spin_ns, yield_ns, timeout_ns,
+                1);
     return LOAD_ACQ(durable) >= target;
 }

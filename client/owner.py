@@ -6,11 +6,16 @@ conductor, which makes them: they know it by this interface alone."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from slipstream.client.counters import CountersFile
 from slipstream.client.errors import ClosedError, DriverNotRunningError
+
+log = logging.getLogger("slipstream.client")
+
+Argument = TypeVar("Argument")
 
 
 class Handle(Protocol):
@@ -64,3 +69,17 @@ class ResourceOwner(Protocol):
     def cut_off_error(self) -> DriverNotRunningError | ClosedError | None:
         """Why an offer said CLOSED when the client is the reason; None otherwise."""
         ...
+
+
+def call_handler(what: str, handler: Callable[[Argument], object] | None, argument: Argument,
+                 on: object) -> None:
+    """A user's ``handler`` (None: none) called with ``argument`` on the client conductor
+    thread: what it raises is logged as the ``what`` of ``on`` and goes no further (that thread
+    carries the driver's events: if it died, the client would no longer see images come and
+    go, nor the driver go)."""
+    if handler is None:
+        return
+    try:
+        handler(argument)
+    except Exception:
+        log.exception("the %s %r raised on %r", what, handler, on)

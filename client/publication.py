@@ -22,7 +22,6 @@ over UDP, retransmissions included.
 from __future__ import annotations
 
 import enum
-import logging
 import operator
 import sys
 from array import array
@@ -54,7 +53,7 @@ from slipstream.client.logbuffer import (
     new_appender,
 )
 from slipstream.client.messages import Buffer
-from slipstream.client.owner import ResourceOwner
+from slipstream.client.owner import ResourceOwner, call_handler
 from slipstream.client.policy import (
     BLOCK_SPIN_NS,
     BLOCK_YIELD_NS,
@@ -63,7 +62,6 @@ from slipstream.client.policy import (
 )
 
 _fastpath.set_errors(MessageTooLongError, InvalidArgumentError)
-log = logging.getLogger("slipstream.client")
 
 
 @attrs.frozen
@@ -611,13 +609,7 @@ class Publication(ClosedOnExit, OfOneLog):
                                       int(message["depth"]), int(message["duration_ns"]),
                                       int(message["episodes"]))
         self.last_episode = episode
-        callback = self.on_back_pressure
-        if callback is None:
-            return
-        try:
-            callback(episode)
-        except Exception:
-            log.exception("the back-pressure callback %r raised on %r", callback, self)
+        call_handler("back-pressure callback", self.on_back_pressure, episode, self)
 
     def _on_refused(self, message: dict) -> None:
         """The driver's PUBLICATION_REFUSED (client conductor thread): kept as

@@ -12,7 +12,6 @@ Aeron): copy what you keep.  A :class:`MessageBatch` is valid until the next pol
 
 from __future__ import annotations
 
-import logging
 import operator
 import os
 import threading
@@ -30,9 +29,8 @@ from slipstream.client.idle import progress as idle_progress
 from slipstream.client.image import Image  # users import Image from here too
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.client.messages import ControlledFragmentHandler, FragmentHandler, MessageBatch
-from slipstream.client.owner import ResourceOwner
+from slipstream.client.owner import ResourceOwner, call_handler
 
-log = logging.getLogger("slipstream.client")
 # A parked receive re-checks its images at least this often.  Image changes wake it at once
 # (through the eventcounts), so this is a safety net; each wake-up of an idle vCPU costs
 # hundreds of µs of CPU here, so it is rare.
@@ -365,7 +363,7 @@ class Subscription(ClosedOnExit):
             self._images_changed.notify_all()
         for parked_on in previous:  # a receive parked on the old images must wait on all now
             lib.ss_signal(parked_on.signal, parked_on.waiters)
-        self._call_back(self.on_available_image, image)
+        call_handler("image handler", self.on_available_image, image, image)
 
     def _remove_image(self, correlation_id: int,
                       lost: tuple[int, int] | None = None) -> Image | None:
@@ -385,20 +383,8 @@ class Subscription(ClosedOnExit):
                     break
             else:
                 return None
-        self._call_back(self.on_unavailable_image, image)
+        call_handler("image handler", self.on_unavailable_image, image, image)
         return image
-
-    @staticmethod
-    def _call_back(handler: Callable[[Image], object] | None, image: Image) -> None:
-        """A user's image handler, on the client conductor thread: what it raises is logged and
-        goes no further (that thread carries the driver's events: if it died, the client would
-        no longer see images come and go, nor the driver go)."""
-        if handler is None:
-            return
-        try:
-            handler(image)
-        except Exception:
-            log.exception("the image handler %r raised on %r", handler, image)
 
     def _lose_driver(self) -> None:
         """The client lost its driver: wake a parked receive so that it raises."""

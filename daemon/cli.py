@@ -142,6 +142,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _directory_command(commands: Commands, name: str, *, help: str,
+                       description: str) -> argparse.ArgumentParser:
+    """A command for the driver directory ``--dir`` (its argument, the one default for
+    all of them): ``stat`` and ``metrics`` read the driver there, ``demo`` starts one."""
+    command = commands.add_parser(name, help=help, description=description)
+    command.add_argument("--dir", help="driver directory (default: $SLIPSTREAM_DIR or "
+                                       "/dev/shm/slipstream-<user>)")
+    return command
+
+
 def add_commands(commands: Commands) -> None:
     """Add ``driver``, ``stat``, ``metrics`` and ``demo`` to ``commands``; each sets ``func``,
     which :func:`main` calls with the parsed arguments."""
@@ -163,8 +173,8 @@ def add_commands(commands: Commands) -> None:
                              "(MediaDriver.launch), so that it goes with its starter")
     driver.set_defaults(func=_driver)
 
-    stat = commands.add_parser(
-        "stat", help="show the driver's counters as a live table",
+    stat = _directory_command(
+        commands, "stat", help="show the driver's counters as a live table",
         description="Show what the driver in --dir is doing, read from its files (the driver "
                     "is not asked): per stream the positions a message passes (pub-lmt, "
                     "pub-pos of IPC streams, snd-pos, snd-lmt, rcv-hwm, rcv-pos, sub-pos; '-' for "
@@ -176,8 +186,6 @@ def add_commands(commands: Commands) -> None:
                     "directory is shown from the next refresh. Exit 2 without a driver or "
                     "when the directory is another user's; 1 when only a dead "
                     "driver's error log is left (it is printed).")
-    stat.add_argument("--dir", help="driver directory (default: $SLIPSTREAM_DIR or "
-                                    "/dev/shm/slipstream-<user>)")
     stat.add_argument("--interval", type=_positive_seconds, default=1.0,
                       help="refresh period in seconds (default: %(default)s)")
     stat.add_argument("--once", action="store_true", help="print one snapshot and exit")
@@ -191,26 +199,23 @@ def add_commands(commands: Commands) -> None:
                            "counters)")
     stat.set_defaults(func=_stat)
 
-    metrics = commands.add_parser(
-        "metrics", help="serve the driver's counters to Prometheus",
+    metrics = _directory_command(
+        commands, "metrics", help="serve the driver's counters to Prometheus",
         description="Serve the counters of the driver in --dir as Prometheus metrics at "
                     "http://ADDRESS/metrics, read at each scrape; the driver is not touched.")
-    metrics.add_argument("--dir", help="driver directory (default: $SLIPSTREAM_DIR or "
-                                       "/dev/shm/slipstream-<user>)")
     metrics.add_argument("--address", default="127.0.0.1:9100",
                          help="host:port to listen on (default: %(default)s, loopback only)")
     metrics.set_defaults(func=_metrics)
 
-    demo = commands.add_parser(
-        "demo", help="a driver, a publisher and a subscriber with live rates (Ctrl-C stops)",
+    demo = _directory_command(
+        commands, "demo",
+        help="a driver, a publisher and a subscriber with live rates (Ctrl-C stops)",
         description="Start a driver and two streams, one over IPC and one over UDP multicast "
                     "on loopback (1 % of its datagrams dropped, so NAKs and retransmits "
                     "show), each with a publisher and a subscriber process, and print "
                     "their rates, NAKs, retransmits and flow-control limits every second. "
                     "Ctrl-C or SIGTERM stops all of it (exit 0). Exit 2 for a bad argument, "
                     "or when the demo's driver or one of its processes ends on its own.")
-    demo.add_argument("--dir", help="driver directory (default: $SLIPSTREAM_DIR or "
-                                    "/dev/shm/slipstream-<user>)")
     demo.add_argument("--rate", type=int_at_least(0), default=100_000,
                       help="messages per second (0: as fast as possible; default: "
                            "%(default)s)")
@@ -218,7 +223,8 @@ def add_commands(commands: Commands) -> None:
                       help="message size in bytes, 8 to 2 MiB (128 KiB with --slow-consumer; "
                            "default: %(default)s)")
     demo.add_argument("--duration", type=non_negative_number, default=0.0,
-                      help="stop after this many seconds (0: run until Ctrl-C; default: "
+                      help="stop after this many seconds of streaming, counted once every "
+                           "stream carries messages (0: run until Ctrl-C; default: "
                            "%(default)s)")
     demo.add_argument("--slow-consumer", action="store_true",
                       help="a third stream whose subscriber slows down every other 2 s: its "

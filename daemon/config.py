@@ -164,8 +164,9 @@ class DriverSettings:
         100_000,
         "Counter slots in the counters file (count); each stream uses a few (positions, limits: "
         "an IPC publication and its subscription take 8), so 100000 serves 10,000 such pairs, "
-        "and the least, 256, holds the driver's own 72 system counters and a few dozen streams. "
-        "A slot is 640 bytes of the file (100000: 61 MiB), whose pages are taken as slots are "
+        "and the least, 256, holds the driver's own system and capacity counters (under 100) "
+        "and a few dozen streams. A slot is 640 bytes of the file (100000: 61 MiB), whose pages "
+        "are taken as slots are "
         "first used (slipstream).",
         low=256, high=1_000_000,
     )

@@ -6,6 +6,7 @@ driver in invoker mode (:mod:`slipstream.daemon.embedded`)."""
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import os
@@ -54,6 +55,12 @@ class ConductorPacing:
             return ACTIVE_CYCLE_S
         self.idle_cycles += 1
         return min(ACTIVE_CYCLE_S * (1 << min(self.idle_cycles, 10)), IDLE_PARK_MAX_S)
+
+
+#: How many later commands of one client may wait behind its command that waits for names;
+#: past that a command is refused (the client library waits for each answer: only a client
+#: that does not comes near it).
+HELD_COMMANDS_MAX = 1024
 
 
 @attrs.frozen(eq=False)
@@ -128,6 +135,10 @@ class _DriverCore:
         self.resolver = NameResolver(wake_conductor)
         self._requests = itertools.count(1)
         self._awaiting_names: dict[int, _AwaitingNames] = {}  # by ResolveNames.request
+        #: The later commands of each client that has a command waiting for names, in the
+        #: order they came: a client's commands take effect in its order (a remove sent
+        #: right after its add finds the add done).
+        self._held: dict[bytes, collections.deque[dict[str, Any]]] = {}
         self._resolving_again: dict[int, str] = {}  # the host, by ResolveNames.request
         self.conductor = DriverConductor(
             self.settings, self.driver_directory.path, counters,
@@ -192,16 +203,52 @@ class _DriverCore:
                 log.warning("a malformed control message from a client: %s", e)
                 self._send(self.conductor.on_malformed(key, e))
                 continue
-            channel = _channel_of(message)
-            if channel is not None:
-                hosts = self.name_cache.unresolved(channel, time.monotonic())
-                if hosts:
-                    self._await_names(key, message, channel, hosts)
-                    continue
-            self._handle_command(key, message)
+            held = self._held.get(key)
+            if held is None:
+                self._take_command(key, message)
+            elif len(held) < HELD_COMMANDS_MAX:
+                held.append(message)
+            else:
+                self._send(self.conductor.on_unresolved(
+                    key, message, f"more than {HELD_COMMANDS_MAX} commands wait behind one "
+                    "that waits for the names of its channel", code=control.ERR_RESOURCE))
         if handled:
             self._commands_handled()
         return handled
+
+    def _take_command(self, key: bytes, message: dict[str, Any]) -> None:
+        """Handle a client's command now, or, when its channel names a host with no fresh
+        answer, once the resolver answered; the client's later commands wait behind it."""
+        channel = _channel_of(message)
+        if channel is not None:
+            hosts = self.name_cache.unresolved(channel, time.monotonic())
+            if hosts:
+                self._await_names(key, message, channel, hosts)
+                self._held[key] = collections.deque()
+                return
+        self._handle_command(key, message)
+
+    def _release_held(self, key: bytes, unanswered: frozenset[str] = frozenset()) -> None:
+        """A client's command that waited for names was handled or refused: its later
+        commands are taken in order, until one of them waits for names in turn.  One naming a
+        host in ``unanswered`` (the resolver just failed to answer for it in time) is refused
+        at once rather than waiting as long again."""
+        held = self._held.pop(key, None)
+        while held:
+            message = held.popleft()
+            channel = _channel_of(message) if unanswered else None
+            if channel is not None:
+                hosts = unanswered.intersection(
+                    self.name_cache.unresolved(channel, time.monotonic()))
+                if hosts:
+                    self._send(self.conductor.on_unresolved(
+                        key, message, f"{channel}: the resolver did not answer for "
+                        f"{', '.join(sorted(hosts))} within {names.PREFETCH_TIMEOUT_S:g} s"))
+                    continue
+            self._take_command(key, message)
+            if key in self._held:
+                self._held[key].extend(held)
+                return
 
     def _commands_handled(self) -> None:
         """Commands were handled, here or after a send of the conductor's cycle: resources
@@ -212,8 +259,8 @@ class _DriverCore:
     def _await_names(self, key: bytes, message: dict[str, Any], channel: Channel,
                      hosts: list[str]) -> None:
         """A command whose channel names ``hosts`` with no fresh answer: the resolver is
-        asked for them, and the command waits (:meth:`_take_names`) while every other is
-        served."""
+        asked for them, and the command waits (:meth:`_take_names`) while other clients'
+        commands are served (this client's wait behind it: :meth:`_release_held`)."""
         request = next(self._requests)
         deadline_s = time.monotonic() + names.PREFETCH_TIMEOUT_S
         self._awaiting_names[request] = _AwaitingNames(key, message, channel, tuple(hosts),
@@ -256,6 +303,7 @@ class _DriverCore:
             waiting = self._awaiting_names.pop(resolved.request, None)
             if waiting is not None:
                 self._handle_command(waiting.key, waiting.message)
+                self._release_held(waiting.key)
         for request, waiting in list(self._awaiting_names.items()):
             if now_s >= waiting.deadline_s:
                 del self._awaiting_names[request]
@@ -264,6 +312,7 @@ class _DriverCore:
                     waiting.key, waiting.message,
                     f"{waiting.channel}: the resolver did not answer for "
                     f"{', '.join(waiting.hosts)} within {names.PREFETCH_TIMEOUT_S:g} s"))
+                self._release_held(waiting.key, frozenset(waiting.hosts))
         if work:
             self._commands_handled()
             self._process_commands()  # the sends may have taken the socket's edge

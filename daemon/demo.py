@@ -3,7 +3,8 @@ two streams, each with a publisher and a subscriber in processes of their own: o
 memory (``aeron:ipc``) and one over UDP multicast on loopback (every datagram leaves the
 driver's socket and comes back through the kernel; no root needed).  The UDP stream loses 1 %
 of its datagrams on purpose (``debug_receive_data_loss``), so NAKs and retransmits show.  Every
-second it prints each stream's rate and the network's counters.
+second it prints each stream's rate and the network's counters, once every stream carries
+messages (until then, how many do).
 
 ``--slow-consumer`` adds a third stream (IPC, 1 MiB terms) whose subscriber reads at full
 speed for 2 s, then 1,000 messages a second for 2 s, and so on: its publisher offers at the
@@ -31,15 +32,22 @@ from slipstream.client import (
     DriverNotRunningError,
     default_directory,
 )
-from slipstream.client.channel import parse_channel
-from slipstream.client.counters import BACK_PRESSURE_TYPES, CounterType, SystemCounter
+from slipstream.client.channel import parse_channel, parse_policy
+from slipstream.client.counters import (
+    BACK_PRESSURE_TYPES,
+    CountersFile,
+    CounterType,
+    SystemCounter,
+)
 from slipstream.client.errors import (
+    BackPressuredError,
     ChannelError,
     DriverError,
     InvalidArgumentError,
     SlipstreamError,
 )
 from slipstream.client.layout import FRAME_ALIGNMENT, HEADER_LENGTH, align, max_message_length
+from slipstream.client.policy import BackPressureEpisode
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.driver import MediaDriver
 
@@ -56,6 +64,9 @@ MIN_MESSAGE_SIZE = 8
 #: How long the report waits, s, for the driver to end once a child did: a driver stopping
 #: tells its clients first, so their ends come before its own.
 _DRIVER_END_GRACE_S = 2.0
+#: How long the demo waits for every stream to carry its first message, seconds: its
+#: processes each import the client and connect, which takes seconds on a loaded host.
+START_TIMEOUT_S = 60.0
 
 
 def max_message_size(slow_consumer: bool = False) -> int:
@@ -125,9 +136,6 @@ def _slow_publisher(directory: str, policy: str, rate: int, size: int,
     """Offers ``rate`` messages a second (0: as fast as it can) under ``policy``, never
     catching up on what a wait cost it; prints each episode it is told of (times from
     ``started_ns``, the demo's start)."""
-    from slipstream.client.errors import BackPressuredError
-    from slipstream.client.policy import BackPressureEpisode
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def episode(event: BackPressureEpisode) -> None:
@@ -206,7 +214,8 @@ def _subscriber(directory: str, channel: str) -> None:
 def run_demo(directory: str | None = None, rate: int = 100_000, size: int = 64,
              duration: float = 0.0, slow_consumer: bool = False,
              policy: str | None = None) -> int:
-    """Run the demo until Ctrl-C (or ``duration`` s); everything stops cleanly.
+    """Run the demo until Ctrl-C (or ``duration`` s of streaming, counted once every stream
+    carries messages); everything stops cleanly.
     ``slow_consumer``: the third stream (module doc), under ``policy`` (None: ``block``;
     refused without ``slow_consumer``).  Returns 0.
 
@@ -220,8 +229,6 @@ def run_demo(directory: str | None = None, rate: int = 100_000, size: int = 64,
         raise InvalidArgumentError("policy", "is the policy of --slow-consumer's stream, which "
                                              "only --slow-consumer starts: give both")
     if slow_consumer:
-        from slipstream.client.channel import parse_policy
-
         policy = policy or "block"
         try:
             parse_policy(policy)  # a bad policy fails here, before anything starts
@@ -309,16 +316,20 @@ def _check_alive(driver: MediaDriver, children: dict[Any, str]) -> None:
 
 def _report(driver: MediaDriver, duration: float, size: int, started: float,
             slow: bool = False, children: dict[Any, str] | None = None) -> None:
-    """Print the rates and counters every second for ``duration`` s (0: until interrupted);
-    raises as :func:`_check_alive` once the driver or one of ``children`` ended."""
-    from slipstream.client.counters import CountersFile
-
+    """Print the rates and counters every second for ``duration`` s (0: until interrupted),
+    counted from when every stream has carried a message; until then a line a second says
+    how many streams move.  Raises as :func:`_check_alive` once the driver or one of
+    ``children`` ended, and :class:`SlipstreamError` when the streams have not all moved
+    within :data:`START_TIMEOUT_S`."""
     counters = CountersFile(driver.directory / "counters.dat", writable=False)
     frame = align(HEADER_LENGTH + size, FRAME_ALIGNMENT)  # bytes of log per message
     start, last_time = started, time.monotonic()
+    streaming_since: float | None = None  # when every stream had carried a message
+    kinds = ("ipc", "udp", "slow") if slow else ("ipc", "udp")
     last: dict[str, float] = {}
     try:
-        while not duration or time.monotonic() - start < duration:
+        while (not duration or streaming_since is None
+               or time.monotonic() - streaming_since < duration):
             time.sleep(1.0)
             # Its counters stay mapped after it is gone: without this the lines go on, zeros.
             _check_alive(driver, children or {})
@@ -339,6 +350,19 @@ def _report(driver: MediaDriver, duration: float, size: int, started: float,
                     send_position = info.value
                 elif info.type_id == CounterType.SENDER_LIMIT:
                     send_limit = info.value
+            if streaming_since is None:
+                moving = sum(1 for kind in kinds if received[kind] > 0)
+                if moving < len(kinds):
+                    if now - started > START_TIMEOUT_S:
+                        raise SlipstreamError(
+                            f"the demo's streams did not all start within "
+                            f"{START_TIMEOUT_S:.0f} s ({moving} of {len(kinds)} carried a "
+                            f"message): is the host overloaded?")
+                    print(f"[{now - start:6.1f} s] starting: {moving} of {len(kinds)} streams "
+                          f"carry messages (its processes are connecting)", flush=True)
+                    last, last_time = received, now
+                    continue
+                streaming_since = now
             elapsed = now - last_time
             rates = {k: (v - last[k]) / elapsed if k in last else 0.0 for k, v in received.items()}
             print(f"[{now - start:6.1f} s] ipc {received['ipc']:>12,.0f} msgs "

@@ -975,6 +975,14 @@ typedef struct {
     int32_t *heartbeat_heap;
     int64_t *heartbeat_keys;
     int32_t heartbeat_count;
+    /* out: the members for which ss_agent_python_due last found the Python half due, so that
+     * its pass visits those alone: due_members_count indices, an endpoint's (SS_DUE_INPUT) as
+     * its index in endpoints, an image's (SS_DUE_IMAGE) as endpoint_count + its index in
+     * images, a publication's (SS_DUE_PUBLICATION) as endpoint_count + image_count + its
+     * index in publications.  Without the array (NULL: Python gives it room for every
+     * member), none are listed. */
+    int32_t *due_members;
+    int32_t due_members_count;
 } ss_agent_t;
 
 /* Key the heartbeat timers anew from the publications that send their heartbeats in C

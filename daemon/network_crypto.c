@@ -230,6 +230,13 @@ struct ss_crypto {
     /* Opening and handshakes (the receiving thread). */
     peer_t peers[PEERS_MAX];
     EVP_CIPHER_CTX *trial;        /* a new epoch's, until it authenticates */
+    /* The datagram between ss_crypto_open_begin and _end: its sender, the context that opens
+     * it (the sender's, or the trial one), whether every piece decrypted, its counter and
+     * epoch. */
+    peer_t *opening;
+    EVP_CIPHER_CTX *opening_ctx;
+    int32_t opening_trial, opening_decrypted;
+    uint64_t opening_counter, opening_epoch;
     int64_t clock_offset_s;       /* a test's: this context's clock ahead of the host's */
     uint8_t trial_iv[IV_LENGTH];
     exchange_t exchanges[EXCHANGES_MAX];
@@ -737,19 +744,15 @@ static void forget_trial(ss_crypto_t *c) {
     OPENSSL_cleanse(c->trial_iv, IV_LENGTH);
 }
 
-/* Decrypt in place (the plaintext stays at data + header) and check the tag. */
-static int decrypt(EVP_CIPHER_CTX *ctx, const uint8_t iv[IV_LENGTH], uint64_t counter,
-                   uint8_t *data, int32_t length) {
+/* The AEAD of one datagram started: `ctx` set to the nonce of `counter`, the clear header
+ * (the associated data) taken. */
+static int decrypt_begin(EVP_CIPHER_CTX *ctx, const uint8_t iv[IV_LENGTH], uint64_t counter,
+                         const uint8_t *data) {
     uint8_t nonce[IV_LENGTH];
     nonce_of(nonce, iv, counter);
-    const int32_t body = length - SS_SEALED_OVERHEAD;
-    uint8_t *text = data + SS_SEALED_HEADER_LENGTH;
     int out = 0;
     return EVP_DecryptInit_ex(ctx, NULL, NULL, NULL, nonce) > 0 &&
-           EVP_DecryptUpdate(ctx, NULL, &out, data, SS_SEALED_HEADER_LENGTH) > 0 &&
-           (body == 0 || EVP_DecryptUpdate(ctx, text, &out, text, body) > 0) &&
-           tag_param(ctx, text + body, 1) &&
-           EVP_DecryptFinal_ex(ctx, text + body, &out) > 0;
+           EVP_DecryptUpdate(ctx, NULL, &out, data, SS_SEALED_HEADER_LENGTH) > 0;
 }
 
 static uint64_t now_ms(const ss_crypto_t *c);
@@ -760,8 +763,9 @@ static int32_t take_handshake(ss_crypto_t *c, const uint8_t *data, int32_t lengt
                               uint16_t ext_type, const uint8_t *source, int32_t source_length,
                               uint64_t ms);
 
-int32_t ss_crypto_open(ss_crypto_t *c, uint8_t *data, int32_t length, const uint8_t *source,
-                       int32_t source_length) {
+int32_t ss_crypto_open_begin(ss_crypto_t *c, const uint8_t *data, int32_t length,
+                             const uint8_t *source, int32_t source_length) {
+    c->opening = NULL;
     take_open_keys(c);
     uint16_t type = 0, ext_type = 0, ext_version = 0;
     int32_t magic = 0, frame_length = 0;
@@ -819,21 +823,48 @@ int32_t ss_crypto_open(ss_crypto_t *c, uint8_t *data, int32_t length, const uint
         count(c->counters.replay_drops, 1);
         return SS_OPEN_REPLAY;
     }
-    if (p->ready && p->epoch == epoch) {
-        if (!decrypt(p->ctx, p->iv, counter, data, length)) {
-            count(c->counters.auth_drops, 1);
-            return SS_OPEN_FAILED;
-        }
-    } else {
-        /* A new epoch (or keys reloaded): derived into the trial context, which takes the
-         * sender's place only once the datagram authenticates (a forged one changes
-         * nothing). */
-        if (!derive(c->trial, c->trial_iv, p->secret, sender_id, epoch, 0) ||
-            !decrypt(c->trial, c->trial_iv, counter, data, length)) {
-            forget_trial(c);
-            count(c->counters.auth_drops, 1);
-            return SS_OPEN_FAILED;
-        }
+    /* The sender's current epoch, or a new one (or keys reloaded) derived into the trial
+     * context, which takes the sender's place only once the datagram authenticates (a forged
+     * one changes nothing). */
+    const int trial = !(p->ready && p->epoch == epoch);
+    EVP_CIPHER_CTX *ctx = trial ? c->trial : p->ctx;
+    if ((trial && !derive(c->trial, c->trial_iv, p->secret, sender_id, epoch, 0)) ||
+        !decrypt_begin(ctx, trial ? c->trial_iv : p->iv, counter, data)) {
+        if (trial) forget_trial(c);
+        count(c->counters.auth_drops, 1);
+        return SS_OPEN_FAILED;
+    }
+    c->opening = p;
+    c->opening_ctx = ctx;
+    c->opening_trial = trial;
+    c->opening_decrypted = 1;
+    c->opening_counter = counter;
+    c->opening_epoch = epoch;
+    return length - SS_SEALED_OVERHEAD;
+}
+
+void ss_crypto_open_update(ss_crypto_t *c, const uint8_t *in, uint8_t *out, int32_t length) {
+    int written = 0;
+    if (c->opening == NULL || length <= 0) return;
+    if (EVP_DecryptUpdate(c->opening_ctx, out, &written, in, length) <= 0 || written != length)
+        c->opening_decrypted = 0;
+}
+
+int32_t ss_crypto_open_end(ss_crypto_t *c, const uint8_t *tag, const uint8_t *source,
+                           int32_t source_length) {
+    peer_t *p = c->opening;
+    if (p == NULL) return SS_OPEN_FAILED; /* no open begun: refused, counted there */
+    c->opening = NULL;
+    uint8_t rest[16]; /* GCM's final writes nothing */
+    int out = 0;
+    if (!c->opening_decrypted || !tag_param(c->opening_ctx, (uint8_t *)tag, 1) ||
+        EVP_DecryptFinal_ex(c->opening_ctx, rest, &out) <= 0) {
+        if (c->opening_trial) forget_trial(c);
+        count(c->counters.auth_drops, 1);
+        return SS_OPEN_FAILED;
+    }
+    const uint64_t counter = c->opening_counter, epoch = c->opening_epoch;
+    if (c->opening_trial) {
         if (!p->ready || epoch >= p->epoch) {
             EVP_CIPHER_CTX *ctx = p->ctx;
             p->ctx = c->trial;
@@ -849,9 +880,21 @@ int32_t ss_crypto_open(ss_crypto_t *c, uint8_t *data, int32_t length, const uint
         /* Its sender moved on to the id drawn ahead: an exchange now gets the one after,
          * before the sender uses it. */
         p->announced = 0;
-        if (source != NULL) want_exchange(c, source, source_length, sender_id, now_ms(c), 1);
+        if (source_length <= 0 || source_length > SS_SOCKADDR_MAX) source = NULL;
+        if (source != NULL)
+            want_exchange(c, source, source_length, p->sender_id, now_ms(c), 1);
     }
-    return length - SS_SEALED_OVERHEAD;
+    return 0;
+}
+
+int32_t ss_crypto_open(ss_crypto_t *c, uint8_t *data, int32_t length, const uint8_t *source,
+                       int32_t source_length) {
+    const int32_t body = ss_crypto_open_begin(c, data, length, source, source_length);
+    if (body < 0) return body;
+    uint8_t *text = data + SS_SEALED_HEADER_LENGTH;
+    ss_crypto_open_update(c, text, text, body);
+    const int32_t verdict = ss_crypto_open_end(c, text + body, source, source_length);
+    return verdict < 0 ? verdict : body;
 }
 
 /* ----------------------------------------------------------------------- handshakes */

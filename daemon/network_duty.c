@@ -187,12 +187,16 @@ static int32_t send_publications(ss_agent_t *a, int64_t now_ns, int retransmits_
         }
         if (any_ready) sent_total += serve_socket(a, &first->round, first->fd, now_ns, virtual);
     }
-    /* Aging: a publication with data that got nothing since it was last served waits on. */
+    /* Aging: a publication with data that got nothing since it was last served waits on.
+     * One on a socket the sweep found without data had none to wait with: its log is not
+     * looked at again (an idle stream's cycle reads its log once). */
     for (int32_t i = 0; i < a->publication_count; i++) {
         ss_send_publication_t *p = a->publications[i];
         if (!in_pass(p, virtual)) continue;
+        const int64_t *marks = virtual ? NULL : socket_marks(a, p->fd);
         /* A deferred publication does not age out of the lowest band: it waits on purpose. */
-        if (!ss_has_data_ready(p) || (a->defer_lowest_band && p->priority < 0))
+        if ((virtual ? !virtual_ready : marks != NULL && marks[0] != pass) ||
+            !ss_has_data_ready(p) || (a->defer_lowest_band && p->priority < 0))
             p->waiting_since_ns = 0;
         else if (p->waiting_since_ns == 0) p->waiting_since_ns = now_ns;
     }
@@ -241,27 +245,25 @@ int32_t ss_agent_do_work(ss_agent_t *a, int64_t now_ns) {
     return work;
 }
 
-/* The slowest and the furthest subscriber's positions (ss_subscriber_position_bounded). */
-static int64_t min_subscriber_position(const ss_image_t *image) {
+/* The slowest subscriber's position (the hwm without one), or with `furthest` the furthest's
+ * (INT64_MIN without one), each bounded by ss_subscriber_position_bounded. */
+static int64_t subscriber_position(const ss_image_t *image, int furthest) {
     const int64_t hwm = LOAD_ACQ(image->receiver_hwm);
-    int64_t least = hwm;
+    int64_t bound = furthest ? INT64_MIN : hwm;
     for (int32_t i = 0; i < image->subscriber_count; i++) {
         int64_t position =
             ss_subscriber_position_bounded(LOAD_ACQ(image->subscriber_positions[i]), hwm);
-        if (position < least) least = position;
+        if (furthest ? position > bound : position < bound) bound = position;
     }
-    return least;
+    return bound;
+}
+
+static int64_t min_subscriber_position(const ss_image_t *image) {
+    return subscriber_position(image, 0);
 }
 
 static int64_t max_subscriber_position(const ss_image_t *image) {
-    const int64_t hwm = LOAD_ACQ(image->receiver_hwm);
-    int64_t most = INT64_MIN;
-    for (int32_t i = 0; i < image->subscriber_count; i++) {
-        int64_t position =
-            ss_subscriber_position_bounded(LOAD_ACQ(image->subscriber_positions[i]), hwm);
-        if (position > most) most = position;
-    }
-    return most;
+    return subscriber_position(image, 1);
 }
 
 /* Whether the C half rebuilds this image itself (see ss_image_t.rebuild_in_c): Python's flag,
@@ -752,13 +754,24 @@ int32_t ss_agent_python_due(ss_agent_t *a, int64_t now_ns) {
     int32_t due = 0;
     if (LOAD_ACQ(&a->commands)) due |= SS_DUE_COMMANDS;
     if (now_ns >= a->python_deadline_ns) due |= SS_DUE_TIMER;
+    int32_t *listed = a->due_members;
+    int32_t count = 0;
     for (int32_t i = 0; i < a->endpoint_count; i++) {
         const ss_receiver_t *r = a->endpoints[i];
-        if (r->pending_count > 0 || r->failed || r->handshake_taken) due |= SS_DUE_INPUT;
+        if (r->pending_count > 0 || r->failed || r->handshake_taken) {
+            due |= SS_DUE_INPUT;
+            if (listed != NULL) listed[count++] = i;
+        }
     }
-    for (int32_t i = 0; i < a->image_count && !(due & SS_DUE_IMAGE); i++)
-        if (image_needs_python(a->images[i], now_ns)) due |= SS_DUE_IMAGE;
-    for (int32_t i = 0; i < a->publication_count; i++) {
+    /* Without the list the first image (the first publication) due settles it. */
+    for (int32_t i = 0; i < a->image_count && (listed != NULL || !(due & SS_DUE_IMAGE)); i++)
+        if (image_needs_python(a->images[i], now_ns)) {
+            due |= SS_DUE_IMAGE;
+            if (listed != NULL) listed[count++] = a->endpoint_count + i;
+        }
+    const int32_t publications_listed = a->endpoint_count + a->image_count;
+    for (int32_t i = 0;
+         i < a->publication_count && (listed != NULL || !(due & SS_DUE_PUBLICATION)); i++) {
         const ss_send_publication_t *p = a->publications[i];
         if (p->notice || (p->sent_since_python &&
                           LOAD_ACQ(p->sender_position) >= p->python_send_position) ||
@@ -766,9 +779,10 @@ int32_t ss_agent_python_due(ss_agent_t *a, int64_t now_ns) {
             (p->spy_count > 0 && p->spy_python_position != SS_NO_DEADLINE &&
              ss_publication_slowest_spy(p, p->spy_python_position) >= p->spy_python_position)) {
             due |= SS_DUE_PUBLICATION;
-            break;
+            if (listed != NULL) listed[count++] = publications_listed + i;
         }
     }
+    a->due_members_count = count;
     a->due = due;
     return due;
 }

@@ -127,6 +127,20 @@ SS_INTERNAL int ss_crypto_send(ss_crypto_t *c, struct mmsghdr *messages, uint32_
  * with *length the sealed length, or NULL (not sealed: counted in seal_failures). */
 SS_INTERNAL const uint8_t *ss_crypto_seal_frame(ss_crypto_t *c, const uint8_t *frame,
                                                 int32_t *length);
+/* ss_crypto_open in three steps, so that the receiver decrypts a datagram's frames where they
+ * go (an image's term) in one pass.  _begin takes the datagram's clear header (`length` the
+ * whole datagram's): the ciphertext's length, or an SS_OPEN_* verdict as ss_crypto_open's
+ * (nothing to decrypt then, and no _end).  _update decrypts the next `length` bytes of the
+ * ciphertext from `in` to `out` (the same, or apart; in order, all of it, before _end).
+ * _end checks the tag (at the ciphertext's end): 0 when the datagram authenticates (its
+ * counter then spent), SS_OPEN_FAILED otherwise (counted), when whatever _update wrote is
+ * forged or damaged and must not be read.  The receiving thread's. */
+SS_INTERNAL int32_t ss_crypto_open_begin(ss_crypto_t *c, const uint8_t *data, int32_t length,
+                                         const uint8_t *source, int32_t source_length);
+SS_INTERNAL void ss_crypto_open_update(ss_crypto_t *c, const uint8_t *in, uint8_t *out,
+                                       int32_t length);
+SS_INTERNAL int32_t ss_crypto_open_end(ss_crypto_t *c, const uint8_t *tag,
+                                       const uint8_t *source, int32_t source_length);
 /* Send what the outbox holds through `fd` (the receiving thread's, after ss_crypto_open): a
  * datagram the socket does not take is dropped, as any, and its exchange's retry covers it. */
 SS_INTERNAL void ss_crypto_flush_handshakes(ss_crypto_t *c, int32_t fd);

@@ -150,16 +150,17 @@ static int same_source(const uint8_t *a, int32_t a_length, const uint8_t *b, int
  * DATA frames, the last of which may be a PAD header standing for the rest of its term (a
  * PAD alone is one too).  Aeron's scanner sends the PAD that ends a term after the frames
  * before it in one datagram; slipstream's sends it alone.  *padding: what that PAD covers
- * beyond its header, 0 without one. */
-static int valid_data_frames(const uint8_t *data, int32_t length, int32_t term_offset,
-                             int64_t term_length, int32_t *padding) {
-    const int32_t session_id = read_i32(data + SS_SESSION_ID_FIELD);
-    const int32_t stream_id = read_i32(data + SS_STREAM_ID_FIELD);
-    const int32_t term_id = read_i32(data + SS_TERM_ID_FIELD);
+ * beyond its header, 0 without one.  `first`: the first frame's header (SS_HEADER_LENGTH
+ * bytes), `data`'s own or apart (the rest of a datagram decrypted into a term before it). */
+static int valid_data_frames(const uint8_t *first, const uint8_t *data, int32_t length,
+                             int32_t term_offset, int64_t term_length, int32_t *padding) {
+    const int32_t session_id = read_i32(first + SS_SESSION_ID_FIELD);
+    const int32_t stream_id = read_i32(first + SS_STREAM_ID_FIELD);
+    const int32_t term_id = read_i32(first + SS_TERM_ID_FIELD);
     int64_t offset = 0;
     *padding = 0;
     while (offset < length) {
-        const uint8_t *frame = data + offset;
+        const uint8_t *frame = offset == 0 ? first : data + offset;
         if (length - offset < SS_HEADER_LENGTH) return 0;
         int32_t frame_length = read_i32(frame);
         uint16_t type = read_u16(frame + SS_TYPE_FIELD);
@@ -216,12 +217,13 @@ static void note_overrun(ss_image_t *image, int64_t end) {
 }
 
 /* aeron_publication_image_insert_packet: the over-run, under-run and heartbeat rules of
- * docs/DRIVER.md §4.3, then the copy into the term (body first, header last).  Returns 1
+ * docs/DRIVER.md §4.3, then the copy into the term (body first, header last; `placed`: the
+ * body is there already, `data` only the first frame's header).  Returns 1
  * when the frame was inside the window (a multi-destination image's path is live then, as
  * Aeron's trackConnection), 0 when a rule dropped it. */
 static int insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *data, int32_t length,
                          int32_t padding, int heartbeat, uint8_t flags, int32_t term_id,
-                         int32_t term_offset, int64_t now_ns) {
+                         int32_t term_offset, int placed, int64_t now_ns) {
     int32_t term_count = (int32_t)((uint32_t)term_id - (uint32_t)image->initial_term_id);
     if (term_count < 0) { /* a term before the initial term: no sender sends one */
         count(r->counters.invalid_packets, 1);
@@ -230,8 +232,14 @@ static int insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *dat
     int64_t position = ((int64_t)term_count << image->position_bits) + term_offset;
     if (heartbeat) {
         /* A heartbeat is held to the over-run rule too (as Aeron's): past the window it would
-         * raise the hwm, and the image's tail, to wherever a forged one says. */
-        if (position > image->overrun_threshold) {
+         * raise the hwm, and the image's tail, to wherever a forged one says.  But a sender
+         * whose PAD's header was within the window stands at the start of the next term,
+         * past it: a PAD data frame may raise the hwm there, and so may the heartbeat that
+         * follows it, or an image that lost that PAD and the data before it would never see
+         * the gap (its hwm below the loss, the sender's heartbeats all over-runs). */
+        const int64_t term_start = position & ~(int64_t)(image->term_length - 1);
+        if (position > image->overrun_threshold &&
+            !(position == term_start && position - image->term_length < image->overrun_threshold)) {
             count(r->counters.flow_control_over_runs, 1);
             note_overrun(image, position);
             return 0;
@@ -263,7 +271,10 @@ static int insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *dat
      * and commits past it must find the tail there already. */
     raise_hwm(image, proposed);
     uint8_t *term = image->log + (int64_t)(term_count % SS_PARTITION_COUNT) * image->term_length;
-    const int copied = ss_rebuild_insert(term, term_offset, data, length);
+    /* placed: all but the first frame's header is in the term already (open_sealed), `data`
+     * that header, which goes in as a datagram of its own would, its first word last. */
+    const int copied = ss_rebuild_insert(term, term_offset, data,
+                                         placed ? SS_HEADER_LENGTH : length);
     if (!image->signal_pending) {
         if (r->signal_count < SS_SIGNAL_PENDING_MAX) {
             image->signal_pending = 1;
@@ -369,6 +380,73 @@ static void note_connection(const ss_receiver_t *r, ss_image_t *image, const uin
     c->time_of_last_frame_ns = now_ns;
 }
 
+/* Where a DATA or PAD datagram's frames go: its image, term, offset and what its frames
+ * are (data_target). */
+typedef struct {
+    ss_image_t *image;
+    int32_t term_id, term_offset, padding;
+    uint8_t flags;
+    int heartbeat;
+} target_t;
+
+/* The image a DATA or PAD datagram of `length` bytes belongs to, its offsets, frames and
+ * source checked: `first` the first frame's header (SS_HEADER_LENGTH bytes at least), `data`
+ * the datagram, read from its second frame on (NULL: the rest not known yet, its frames
+ * unchecked, nothing counted).  t->image set when the frames may go in (then SS_RX_CONSUMED);
+ * else NULL and the datagram's verdict (counted, unless data is NULL). */
+static int32_t data_target(ss_receiver_t *r, const uint8_t *first, const uint8_t *data,
+                           int32_t length, const uint8_t *source, int32_t source_length,
+                           target_t *t) {
+    t->image = NULL;
+    const uint16_t type = read_u16(first + SS_TYPE_FIELD);
+    const int32_t frame_length = read_i32(first);
+    t->flags = first[SS_FLAGS_FIELD];
+    t->term_offset = read_i32(first + SS_TERM_OFFSET_FIELD);
+    t->term_id = read_i32(first + SS_TERM_ID_FIELD);
+    const int32_t session_id = read_i32(first + SS_SESSION_ID_FIELD);
+    const int32_t stream_id = read_i32(first + SS_STREAM_ID_FIELD);
+    ss_image_t *image = ss_receiver_find_image(r, session_id, stream_id);
+    if (image == NULL) {
+        /* A session we have no image of: Python elicits a SETUP if the stream is wanted. */
+        if (type == SS_HDR_TYPE_DATA && !(t->flags & SS_EOS_FLAG) && is_subscribed(r, stream_id))
+            return SS_RX_TO_PYTHON;
+        return SS_RX_CONSUMED;
+    }
+    const int64_t term_length = image->term_length;
+    int valid = t->term_offset >= 0 && (t->term_offset & (SS_FRAME_ALIGNMENT - 1)) == 0 &&
+                (int64_t)t->term_offset + length <= term_length;
+    t->padding = 0;
+    t->heartbeat = type == SS_HDR_TYPE_DATA && frame_length == 0;
+    if (valid && t->heartbeat) {
+        valid = length == SS_HEADER_LENGTH;
+    } else if (valid && data != NULL) {
+        valid = valid_data_frames(first, data, length, t->term_offset, term_length, &t->padding);
+    }
+    if (!valid) {
+        if (data != NULL) count(r->counters.invalid_packets, 1);
+        return SS_RX_CONSUMED;
+    }
+    if (image->source_length > 0 &&
+        !same_source(image->source, image->source_length, source, source_length)) {
+        if (data != NULL) count(r->counters.foreign_source_drops, 1);
+        return SS_RX_CONSUMED;
+    }
+    t->image = image;
+    return SS_RX_CONSUMED;
+}
+
+/* The frames of a datagram data_target let in, inserted (`placed`: as insert_packet's). */
+static int32_t insert_target(ss_receiver_t *r, const target_t *t, const uint8_t *data,
+                             int32_t length, const uint8_t *source, int32_t source_length,
+                             int placed, int64_t now_ns) {
+    count(r->counters.bytes_received, length);
+    if (insert_packet(r, t->image, data, length, t->padding, t->heartbeat, t->flags, t->term_id,
+                      t->term_offset, placed, now_ns) &&
+        t->image->connections != NULL)
+        note_connection(r, t->image, source, source_length, now_ns);
+    return SS_RX_CONSUMED;
+}
+
 static int32_t on_datagram(ss_receiver_t *r, const uint8_t *data, int32_t length,
                            const uint8_t *source, int32_t source_length, int64_t now_ns) {
     if (length < SS_FRAME_HEADER_LENGTH || data[SS_VERSION_FIELD] != SS_CURRENT_VERSION) {
@@ -384,44 +462,10 @@ static int32_t on_datagram(ss_receiver_t *r, const uint8_t *data, int32_t length
         count(r->counters.invalid_packets, 1);
         return SS_RX_CONSUMED;
     }
-    int32_t frame_length = read_i32(data);
-    uint8_t flags = data[SS_FLAGS_FIELD];
-    int32_t term_offset = read_i32(data + SS_TERM_OFFSET_FIELD);
-    int32_t session_id = read_i32(data + SS_SESSION_ID_FIELD);
-    int32_t stream_id = read_i32(data + SS_STREAM_ID_FIELD);
-    int32_t term_id = read_i32(data + SS_TERM_ID_FIELD);
-    ss_image_t *image = ss_receiver_find_image(r, session_id, stream_id);
-    if (image == NULL) {
-        /* A session we have no image of: Python elicits a SETUP if the stream is wanted. */
-        if (type == SS_HDR_TYPE_DATA && !(flags & SS_EOS_FLAG) && is_subscribed(r, stream_id))
-            return SS_RX_TO_PYTHON;
-        return SS_RX_CONSUMED;
-    }
-    const int64_t term_length = image->term_length;
-    int valid = term_offset >= 0 && (term_offset & (SS_FRAME_ALIGNMENT - 1)) == 0 &&
-                (int64_t)term_offset + length <= term_length;
-    int32_t padding = 0;
-    const int heartbeat = type == SS_HDR_TYPE_DATA && frame_length == 0;
-    if (valid && heartbeat) {
-        valid = length == SS_HEADER_LENGTH;
-    } else if (valid) {
-        valid = valid_data_frames(data, length, term_offset, term_length, &padding);
-    }
-    if (!valid) {
-        count(r->counters.invalid_packets, 1);
-        return SS_RX_CONSUMED;
-    }
-    if (image->source_length > 0 &&
-        !same_source(image->source, image->source_length, source, source_length)) {
-        count(r->counters.foreign_source_drops, 1);
-        return SS_RX_CONSUMED;
-    }
-    count(r->counters.bytes_received, length);
-    if (insert_packet(r, image, data, length, padding, heartbeat, flags, term_id, term_offset,
-                      now_ns) &&
-        image->connections != NULL)
-        note_connection(r, image, source, source_length, now_ns);
-    return SS_RX_CONSUMED;
+    target_t t;
+    const int32_t verdict = data_target(r, data, data, length, source, source_length, &t);
+    if (t.image == NULL) return verdict;
+    return insert_target(r, &t, data, length, source, source_length, 0, now_ns);
 }
 
 int32_t ss_receiver_on_datagram(ss_receiver_t *r, const uint8_t *data, int32_t length,
@@ -460,6 +504,81 @@ static int debug_drop(ss_receiver_t *r, const uint8_t *data, int32_t length) {
     if ((uint32_t)(x >> 32) >= r->loss_threshold) return 0;
     count(r->counters.debug_data_loss_drops, 1);
     return 1;
+}
+
+/* The shortest encrypted datagram whose frames are decrypted straight into a term: below it
+ * the copy that saves costs less than the second decrypt call and the checks it takes. */
+#define PLACED_MIN_LENGTH 4096
+
+/* Where an encrypted datagram's frames may be decrypted straight into: the term of `t`'s
+ * image at its offset, when the first frame's header (`first`, decrypted) names a DATA
+ * datagram of `length` bytes that goes whole where nothing was written yet (at or past the
+ * image's hwm, within the window, its first word 0), so that nothing there is read before
+ * the header goes in last, and a forgery's bytes can be wiped without a trace.  NULL
+ * otherwise: the datagram is opened in place and goes the way of any (and is counted there). */
+static uint8_t *placement(ss_receiver_t *r, const uint8_t *first, int32_t length,
+                          const uint8_t *source, int32_t source_length, target_t *t) {
+    if (first[SS_VERSION_FIELD] != SS_CURRENT_VERSION ||
+        read_u16(first + SS_TYPE_FIELD) != SS_HDR_TYPE_DATA ||
+        read_i32(first) < SS_HEADER_LENGTH)
+        return NULL;
+    data_target(r, first, NULL, length, source, source_length, t);
+    ss_image_t *image = t->image;
+    if (image == NULL) return NULL;
+    const int32_t term_count = (int32_t)((uint32_t)t->term_id - (uint32_t)image->initial_term_id);
+    if (term_count < 0) return NULL;
+    const int64_t position = ((int64_t)term_count << image->position_bits) + t->term_offset;
+    if (position < LOAD_ACQ(image->receiver_hwm) || position < image->last_sm_position ||
+        position + length > image->overrun_threshold)
+        return NULL;
+    uint8_t *at = image->log + (int64_t)(term_count % SS_PARTITION_COUNT) * image->term_length +
+                  t->term_offset;
+    return LOAD_ACQ((const int32_t *)at) == 0 ? at : NULL;
+}
+
+/* An encrypted endpoint's datagram opened.  Its frames are decrypted straight into their
+ * image's term where placement allows (one pass, no copy): checked, authenticated, then
+ * inserted (*placed = 1), or wiped from there and dropped; otherwise decrypted in place
+ * (the result: their length, at data + SS_SEALED_HEADER_LENGTH).  Or an SS_OPEN_* verdict. */
+static int32_t open_sealed(ss_receiver_t *r, uint8_t *data, int32_t length,
+                           const uint8_t *source, int32_t source_length, int64_t now_ns,
+                           int *placed) {
+    ss_crypto_t *c = r->crypto;
+    const int32_t body = ss_crypto_open_begin(c, data, length, source, source_length);
+    if (body < 0) return body;
+    uint8_t *text = data + SS_SEALED_HEADER_LENGTH;
+    const uint8_t *tag = text + body;
+    int32_t done = 0;
+    if (body >= PLACED_MIN_LENGTH) {
+        ss_crypto_open_update(c, text, text, SS_HEADER_LENGTH); /* the first frame's header */
+        done = SS_HEADER_LENGTH;
+        target_t t;
+        uint8_t *at = placement(r, text, body, source, source_length, &t);
+        if (at != NULL) {
+            const size_t rest = (size_t)(body - SS_HEADER_LENGTH);
+            ss_crypto_open_update(c, text + SS_HEADER_LENGTH, at + SS_HEADER_LENGTH,
+                                  (int32_t)rest);
+            *placed = 1;
+            const int32_t verdict = ss_crypto_open_end(c, tag, source, source_length);
+            int kept = verdict == 0 && !debug_drop(r, text, body);
+            if (kept && !valid_data_frames(text, at, body, t.term_offset, t.image->term_length,
+                                           &t.padding)) {
+                count(r->counters.invalid_packets, 1);
+                kept = 0;
+            }
+            if (!kept) {
+                /* Forged, damaged, or frames no image takes: what went into the term is
+                 * wiped (beyond the hwm, unread: the term stays as a sender left it). */
+                memset(at + SS_HEADER_LENGTH, 0, rest);
+                return verdict;
+            }
+            insert_target(r, &t, text, body, source, source_length, 1, now_ns);
+            return body;
+        }
+    }
+    ss_crypto_open_update(c, text + done, text + done, body - done);
+    const int32_t verdict = ss_crypto_open_end(c, tag, source, source_length);
+    return verdict < 0 ? verdict : body;
 }
 
 int32_t ss_receiver_recv(ss_receiver_t *r, int32_t fd, int64_t now_ns, int32_t *to_python,
@@ -514,11 +633,16 @@ int32_t ss_receiver_recv(ss_receiver_t *r, int32_t fd, int64_t now_ns, int32_t *
             const int32_t rest = length - offset;
             int32_t datagram_length = rest < segment ? rest : segment;
             const uint8_t *datagram = buffer + offset;
-            if (r->crypto != NULL) { /* an encrypted endpoint: opened in place, or dropped */
-                const int32_t opened = ss_crypto_open(r->crypto, (uint8_t *)datagram,
-                                                      datagram_length, source, source_length);
+            if (r->crypto != NULL) { /* an encrypted endpoint: opened, or dropped */
+                int placed = 0;
+                const int32_t opened = open_sealed(r, (uint8_t *)datagram, datagram_length,
+                                                   source, source_length, now_ns, &placed);
                 /* A handshake it answered or started leaves from this socket, now. */
                 ss_crypto_flush_handshakes(r->crypto, r->fd);
+                if (placed) {
+                    if (length == 0) break;
+                    continue;
+                }
                 if (opened < 0) {
                     if (opened == SS_OPEN_HANDSHAKE) r->handshake_taken = 1;
                     if (length == 0) break;

@@ -7,13 +7,18 @@ its options are :func:`add_arguments`' and :func:`run` runs it.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
+import time
 
 import attrs
 
 from slipstream.daemon.cli import Commands, int_at_least, non_negative_number
 from slipstream.sim.host import CommandRefusedError
 from slipstream.sim.network import LinkFaults
+from slipstream.sim.report import plot_report
+from slipstream.sim.runner import run_scenario
 from slipstream.sim.scenario import (
     MDC_CONTROL_PORT,
     MDS_PORTS,
@@ -239,9 +244,6 @@ def build_scenario(args: argparse.Namespace) -> Scenario:
 def run_relay(args: argparse.Namespace) -> int:
     """``slipstream sim relay``: relay until interrupted (Ctrl-C, SIGTERM), printing the
     counters every 5 s and at the end."""
-    import signal
-    import time
-
     def interrupt(*_: object) -> None:
         raise KeyboardInterrupt
 
@@ -278,9 +280,6 @@ def _print_relay(relay: object) -> None:
 
 def run_hosts(args: argparse.Namespace) -> int:
     """``slipstream sim hosts``: make the hosts, print them, remove them on Ctrl-C/SIGTERM."""
-    import signal
-    import threading
-
     from slipstream.sim.real.hosts import HostsError, NamespaceHosts
 
     stop = threading.Event()
@@ -319,9 +318,6 @@ def _run(args: argparse.Namespace) -> int:
         return run_relay(args)
     if getattr(args, "tool", None) == "hosts":
         return run_hosts(args)
-    from slipstream.sim.report import plot_report
-    from slipstream.sim.runner import run_scenario
-
     try:
         scenario = build_scenario(args)
     except ScenarioError as e:

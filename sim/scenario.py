@@ -75,6 +75,8 @@ from typing import Any, Final
 import attrs
 
 from slipstream.client.channel import PUBLICATION_ONLY_KEYS, SUBSCRIPTION_ONLY_KEYS
+from slipstream.client.errors import SlipstreamError
+from slipstream.daemon.config import DriverSettings
 from slipstream.sim.network import LinkFaults
 
 #: Where subscribers listen (unicast, and each one's endpoint under MDC) and the multicast data
@@ -492,9 +494,6 @@ def scenario_from_mapping(data: Mapping[str, Any], *, source: str = "scenario") 
 
 
 def _check_settings(settings: Mapping[str, Any]) -> None:
-    from slipstream.client.errors import SlipstreamError
-    from slipstream.daemon.config import DriverSettings
-
     try:
         DriverSettings.from_mapping(settings)
     except (SlipstreamError, ValueError, TypeError) as e:

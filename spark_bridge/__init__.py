@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 # Before the first pyspark name: a missing or older pyspark is refused with the version the
 # bridge needs (spark_bridge/_requirements.py); the imports below would fail on a name it
@@ -33,7 +34,10 @@ from typing import TYPE_CHECKING
 from slipstream.spark_bridge import _requirements  # noqa: F401
 
 # isort: split
+from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource
+from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.types import StructType
 
 from slipstream.spark_bridge.envelope import MalformedEnvelopeError
 from slipstream.spark_bridge.options import OptionError, SourceOptions, parse_options
@@ -52,11 +56,6 @@ from slipstream.spark_bridge.writer import (
     ValueColumnError,
     check_schema,
 )
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-    from pyspark.sql.streaming import StreamingQuery
-    from pyspark.sql.types import StructType
 
 __all__ = [
     "SCHEMA",
@@ -165,8 +164,6 @@ def session(master: str = "local[2]", app_name: str = "slipstream",
     shuffle partitions at the core count for ``local[N]`` masters; ``config`` overrides any
     of these (``{"spark.ui.enabled": "true"}``).
     """
-    from pyspark.sql import SparkSession
-
     local = master.startswith("local")
     configure_environment(local=local)
     settings = {"spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC"}
@@ -195,9 +192,6 @@ def run_until_stopped(query: StreamingQuery, *, poll_s: float = 0.5) -> None:
     this handler only records the signal, and the loop stops the query between two waits.
     Call it from the main thread; the previous handlers are restored afterwards.
     """
-    import signal
-    import threading
-
     stop = threading.Event()
     previous = {number: signal.signal(number, lambda *_: stop.set())
                 for number in (signal.SIGINT, signal.SIGTERM)}

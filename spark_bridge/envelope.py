@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from slipstream.client.errors import SlipstreamError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # pyarrow (and numpy) cost half a second: imported where a batch is coded
     import numpy as np
     import pyarrow as pa
 

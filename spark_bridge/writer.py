@@ -51,6 +51,7 @@ from pyspark.sql.datasource import (
     DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
+from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, StructType
 
 from slipstream.client import (
     ADMIN_ACTION,
@@ -67,10 +68,9 @@ from slipstream.spark_bridge.envelope import encode_column
 from slipstream.spark_bridge.options import OptionError, SourceOptions
 from slipstream.spark_bridge.runtime import publication_for
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # pyarrow (and numpy) cost half a second: imported where a batch is written
     import numpy as np
     import pyarrow as pa
-    from pyspark.sql.types import StructType
 
 __all__ = ["IGNORED_COLUMNS", "WRITTEN_COLUMNS", "ColumnError", "DurableTimeoutError",
            "OfferTimeoutError", "SlipstreamStreamWriter", "SlipstreamWriter", "ValueColumnError",
@@ -135,14 +135,6 @@ def check_schema(schema: StructType, options: SourceOptions | None = None) -> No
     (module doc), or whose type it does not take; :class:`ValueColumnError` unless there is
     a binary or string ``value``; :class:`OptionError` for a frame without ``stream_id``
     when ``options`` has no ``streamId``."""
-    from pyspark.sql.types import (
-        ArrayType,
-        BinaryType,
-        IntegerType,
-        StringType,
-        StructType,
-    )
-
     if "value" not in schema.names:
         raise ValueColumnError.missing(schema.names)
     kind = schema["value"].dataType

@@ -39,7 +39,14 @@ NETWORK_SETTINGS = {
     "publication_connection_timeout": "1s",
     "image_liveness_timeout": "1s",
 }
+#: How long the fixtures wait for a driver to accept clients (s).  No test here times the
+#: start; beside the niced groups' builds and installs a start that takes 0.3 s alone was
+#: seen to take over 20 s (two fixtures in a row failed so), and a start that never ends
+#: still fails, naming the driver's directory.
+DRIVER_START_TIMEOUT_S = 120.0
 SEQUENCE = struct.Struct("<I")
+#: The IPC channel of the tests' streams that take the driver's IPC settings.
+IPC_CHANNEL = "aeron:ipc"
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 5.0,
@@ -70,6 +77,37 @@ def data_datagrams(publication, now_ns: int, budget: int = 64) -> list:
         out.append(Datagram(bytes(view[offset:offset + spans[i].length]),
                             publication.destination))
     return out
+
+
+def network_publication(directory: Path, uri: str, destination: tuple[str, int], *,
+                        term_length: int = 64 * 1024, initial_term_id: int = 10,
+                        session_id: int = 5, stream_id: int = 6, counters: Any = None,
+                        **settings: Any) -> Any:
+    """A NetworkPublication of ``uri`` on its own (no conductor, no sender agent), made as the
+    conductor makes one: a new log in ``directory`` (``term_length`` bytes a term, mtu 1408),
+    in-process sender positions (its ``positions``), the flow control ``uri`` names,
+    ``counters`` (new LocalCounters if None) and DriverSettings of ``term_length`` terms and
+    ``settings``, sending to ``destination``."""
+    import uuid
+
+    from slipstream.client.channel import parse_channel
+    from slipstream.client.logbuffer import LogBuffer
+    from slipstream.daemon.config import DriverSettings
+    from slipstream.daemon.flow.registry import flow_control_for
+    from slipstream.daemon.protocol.params import PublicationParams
+    from slipstream.daemon.protocol.types import LocalCounters
+    from slipstream.daemon.streams.publication import NetworkPublication, SenderPositions
+
+    log = LogBuffer.create(directory / f"{uuid.uuid4().hex}.log", term_length=term_length,
+                           initial_term_id=initial_term_id, session_id=session_id,
+                           stream_id=stream_id, mtu=1408, correlation_id=1)
+    driver_settings = DriverSettings(**{"term_buffer_length": term_length, **settings})
+    params = PublicationParams.for_network(parse_channel(uri), driver_settings)
+    return NetworkPublication(
+        log=log, params=params, settings=driver_settings, positions=SenderPositions.in_process(),
+        flow_control=flow_control_for(params),
+        counters=LocalCounters() if counters is None else counters, now_ns=0,
+        destination=destination)
 
 
 def free_port() -> int:
@@ -132,6 +170,17 @@ def stream(publication: Any, collectors: list[Collector], count: int,
             sent += 1
         if not sum(c.poll() for c in collectors):
             time.sleep(0)
+
+
+def stream_to_all(publication: Any, subscriptions: Any, count: int,
+                  size: Callable[[int], int], timeout: float = 30.0) -> list[Collector]:
+    """:func:`stream` ``count`` messages to a collector of each of ``subscriptions``, then
+    check every one took them exactly once, in order; returns the collectors."""
+    collectors = [Collector(s) for s in subscriptions]
+    stream(publication, collectors, count, size, timeout)
+    for collector in collectors:
+        collector.assert_exactly(count)
+    return collectors
 
 
 def counters_of(driver: Any) -> dict[str, int]:
@@ -264,12 +313,18 @@ def voluntary_switches(pid: int | None = None, tid: int | None = None) -> int:
     return int(path.read_text().split("\nvoluntary_ctxt_switches:")[1].split()[0])
 
 
-def udp_receive_drops(host: Any) -> int:
-    """Datagrams the kernel of namespace host ``host`` dropped for a full receive buffer
-    (``RcvbufErrors`` of /proc/net/snmp): ones no driver there ever read."""
-    names, values = (line.split() for line in host.run("cat", "/proc/net/snmp").stdout
-                     .splitlines() if line.startswith("Udp:"))
-    return int(values[names.index("RcvbufErrors")])
+def udp_receive_drops(host: Any, port: int) -> int:
+    """Datagrams the kernel of namespace host ``host`` dropped unread (a full receive buffer)
+    at its UDP sockets bound to ``port``: the ``drops`` column of /proc/net/udp and udp6,
+    so a flood at another socket of the host is not counted as this one's."""
+    drops = 0
+    # udp6 is absent where IPv6 is off: what cat read of udp is all there is.
+    for line in host.run("cat", "/proc/net/udp", "/proc/net/udp6", check=False).stdout.splitlines():
+        fields = line.split()
+        if len(fields) >= 13 and ":" in fields[1] and fields[0] != "sl":
+            if int(fields[1].rsplit(":", 1)[1], 16) == port:
+                drops += int(fields[-1])
+    return drops
 
 
 def keepalive_threads() -> set[str]:
@@ -360,7 +415,7 @@ def connect(publication: Any, *subscriptions: Any) -> None:
              and all(s.images for s in subscriptions), what="the stream connected")
 
 
-def connected_ipc(client: Any, stream_id: int, channel: str = "aeron:ipc", *,
+def connected_ipc(client: Any, stream_id: int, channel: str = IPC_CHANNEL, *,
                   publication_channel: str | None = None) -> tuple[Any, Any]:
     """A subscription of ``channel``/``stream_id`` at ``client``, then a publication (of
     ``publication_channel`` if given, else ``channel``), connected: (publication,

@@ -1,8 +1,8 @@
 """What anyone holding a piece of an encrypted channel can do with its datagrams, done by
 the tests themselves from docs/CHANNELS.md §7.8 and independent libraries (pyca/cryptography,
 the ``noiseprotocol`` package), not through the driver's C: open a sealed datagram with its
-sender's traffic secret, and play one end of the handshake.  Shared by test_handshake.py and
-test_encrypted_hosts.py."""
+sender's traffic secret, and play one end of the handshake; and the tests' keys.  Shared by
+the tests of encrypted channels."""
 
 from __future__ import annotations
 
@@ -24,6 +24,9 @@ from slipstream.client.layout import (
 )
 
 NOISE_NAME = b"Noise_NNpsk0_25519_AESGCM_SHA256"
+#: Two keys of the tests' encrypted channels (32 bytes each): neither opens what the other sealed.
+KEY_A = bytes(range(32))
+KEY_B = bytes(range(100, 132))
 
 
 def ext_type(datagram: bytes) -> int:

@@ -419,10 +419,12 @@ class SparkCluster:
         workers an earlier test left) is killed; :meth:`driver_outputs` forgets the drivers
         run so far."""
         for driver_id in self._submitted:  # one that ended already is refused: no matter
+            # The kill client is a JVM: on a loaded host its start alone takes over a minute.
+            # It must finish: a supervised driver killed only as a process is started again.
             self.master_host.run(str(spark_home() / "bin" / "spark-class"),
                                  "org.apache.spark.deploy.Client", "kill", self.master_url,
                                  driver_id, env=self.environment(self.master_host),
-                                 timeout=60, check=False)
+                                 timeout=300, check=False)
         self._submitted.clear()
         for host in {self.master_host.index: self.master_host,
                      **{h.index: h for h in self.worker_hosts}}.values():

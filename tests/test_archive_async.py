@@ -12,11 +12,10 @@ import time
 import anyio
 import pytest
 from helpers import free_port, wait_for
-from test_archive_calls import CONTROL_STREAM, MESSAGES, STREAM, keyed_archive  # noqa: F401
+from test_archive_calls import MESSAGES, STREAM, callers, keyed_archive  # noqa: F401
 
-from slipstream.archive.client import ArchiveClient
 from slipstream.archive.reading import RecordingLostError
-from slipstream.client import Client, aio
+from slipstream.client import aio
 from slipstream.client.holding import CallError
 from slipstream.client.layout import META_READER_WAITERS
 
@@ -25,13 +24,8 @@ pytestmark = pytest.mark.anyio
 
 async def test_every_archive_call_has_an_async_form_served_to_its_key_only(
         keyed_archive) -> None:  # noqa: F811
-    _, ports, k1_driver, plain_driver, _, _, recorded = keyed_archive
-    with Client.connect(k1_driver.directory) as k1_client, \
-            Client.connect(plain_driver.directory) as plain_client, \
-            ArchiveClient(k1_client, "127.0.0.1", ports["k1"], CONTROL_STREAM, key="k1",
-                          timeout_s=20) as k1, \
-            ArchiveClient(plain_client, "127.0.0.1", ports[None], CONTROL_STREAM,
-                          timeout_s=20) as plain:
+    recorded = keyed_archive[-1]
+    with callers(keyed_archive, "k1", None, timeout_s=20) as (k1, plain):
         assert await k1.await_connected_async(20)
         listed = await k1.list_recordings_async(stream_id=STREAM)
         assert [r.descriptor.channel for r in listed] == [recorded]
@@ -79,10 +73,7 @@ async def test_a_cancelled_call_ends_at_once_and_its_answer_goes_to_no_later_cal
     the answer arrives and is dropped, and the calls after it get their own answers (a
     ``recording_position`` answered with the describe would raise)."""
     monkeypatch.setattr(aio, "PARK_SLICE_NS", 30_000_000_000)
-    _, ports, k1_driver, _, _, _, _ = keyed_archive
-    with Client.connect(k1_driver.directory) as k1_client, \
-            ArchiveClient(k1_client, "127.0.0.1", ports["k1"], CONTROL_STREAM, key="k1",
-                          timeout_s=20) as k1:
+    with callers(keyed_archive, "k1", timeout_s=20) as [k1]:
         [listed] = await k1.list_recordings_async(stream_id=STREAM)
         recording_id = listed.recording_id
         link = k1._link

@@ -9,12 +9,14 @@ restricted to subnets answers no call from outside them, and counts each."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -111,21 +113,26 @@ def keyed_archive(launch, tmp_path: Path):
         yield archive_driver, ports, k1_driver, plain_driver, k2_driver, archive_dir, recorded
 
 
+@contextlib.contextmanager
+def callers(keyed_archive, *keys: str | None,
+            timeout_s: float = 10) -> Iterator[list[ArchiveClient]]:
+    """An ArchiveClient of the ``keyed_archive`` for each of ``keys`` (k1, k2, or None: plain),
+    each through the client of its own driver, calling the endpoint of its key."""
+    _, ports, k1_driver, plain_driver, k2_driver, _, _ = keyed_archive
+    drivers = {"k1": k1_driver, None: plain_driver, "k2": k2_driver}
+    with contextlib.ExitStack() as stack:
+        clients = [stack.enter_context(Client.connect(drivers[key].directory)) for key in keys]
+        yield [stack.enter_context(ArchiveClient(client, "127.0.0.1", ports[key],
+                                                 CONTROL_STREAM, key=key, timeout_s=timeout_s))
+               for client, key in zip(clients, keys, strict=True)]
+
+
 def test_a_keyed_recording_is_answered_only_to_its_key_and_replays_leave_sealed(
         keyed_archive, tmp_path: Path) -> None:
-    archive_driver, ports, k1_driver, plain_driver, k2_driver, archive_dir, recorded = \
-        keyed_archive
+    archive_driver, _, _, plain_driver, _, archive_dir, recorded = keyed_archive
     held = {"channel": f"aeron:udp?endpoint=127.0.0.1:{free_port()}|key=k1",
             "stream_id": HELD_STREAM, "group": "spark"}
-    with Client.connect(k1_driver.directory) as k1_client, \
-            Client.connect(plain_driver.directory) as plain_client, \
-            Client.connect(k2_driver.directory) as k2_client, \
-            ArchiveClient(k1_client, "127.0.0.1", ports["k1"], CONTROL_STREAM, key="k1",
-                          timeout_s=10) as k1, \
-            ArchiveClient(plain_client, "127.0.0.1", ports[None], CONTROL_STREAM,
-                          timeout_s=10) as plain, \
-            ArchiveClient(k2_client, "127.0.0.1", ports["k2"], CONTROL_STREAM, key="k2",
-                          timeout_s=10) as k2:
+    with callers(keyed_archive, "k1", None, "k2") as (k1, plain, k2):
         # The right key: served, and its replay to its own (k1) endpoint reads everything.
         listed = k1.list_recordings()
         assert [r.descriptor.channel for r in listed] == [recorded]
@@ -185,9 +192,9 @@ def test_a_keyed_recording_is_answered_only_to_its_key_and_replays_leave_sealed(
 
         # A replay the k1 caller asks to a plain channel leaves sealed under k1: a plain
         # subscriber there gets nothing, a k1 subscriber at another gets every message.
-        plain_subscriber = plain_client.add_subscription(plain_channel, 21)
+        plain_subscriber = plain.client.add_subscription(plain_channel, 21)
         sealed_port = free_port()
-        keyed_subscriber = k1_client.add_subscription(
+        keyed_subscriber = k1.client.add_subscription(
             f"aeron:udp?endpoint=127.0.0.1:{sealed_port}|key=k1", 22)
         dropped_before = counters_of(plain_driver)["CRYPTO_SEALED_AT_PLAIN_DROPS"]
         to_plain = k1.start_replay(recording_id, plain_channel, 21)
@@ -406,13 +413,8 @@ def test_a_plain_call_naming_a_keyed_callers_reply_address_does_not_stop_its_ans
     the archive answers it there in plain text (the k1 endpoint drops that), and the k1
     caller's answers and replays, sealed, still reach it: each key's publications to an
     address leave from an endpoint of their own."""
-    _, ports, k1_driver, plain_driver, _, _, recorded = keyed_archive
-    with Client.connect(k1_driver.directory) as k1_client, \
-            Client.connect(plain_driver.directory) as plain_client, \
-            ArchiveClient(k1_client, "127.0.0.1", ports["k1"], CONTROL_STREAM, key="k1",
-                          timeout_s=10) as k1, \
-            ArchiveClient(plain_client, "127.0.0.1", ports[None], CONTROL_STREAM,
-                          timeout_s=10) as plain:
+    recorded = keyed_archive[-1]
+    with callers(keyed_archive, "k1", None) as (k1, plain):
         assert plain.list_recordings() == []
         link = k1._link
         hijack = json.dumps({"version": 1, "kind": "call", "id": 999, "op": "list",

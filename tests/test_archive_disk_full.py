@@ -4,6 +4,7 @@ unharmed: its publisher goes on at full rate to its other subscriber (docs/ARCHI
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -98,11 +99,9 @@ class FailingWriteBack:
 
 @pytest.fixture
 def failing_write_back(tmp_path: Path) -> Iterator[FailingWriteBack]:
-    disk = FailingWriteBack(tmp_path)
-    try:
+    """A :class:`FailingWriteBack` in ``tmp_path``, its mounts undone after the test."""
+    with contextlib.closing(FailingWriteBack(tmp_path)) as disk:
         yield disk
-    finally:
-        disk.close()
 
 
 @pytest.mark.parametrize("sync, write_behind", [(SyncPolicy.SEGMENT, 0),

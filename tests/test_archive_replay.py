@@ -6,14 +6,17 @@ name; the local reader, the same as a replay and never past the recorded positio
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from helpers import free_port, message, wait_for
+from loops import another_task
 from test_archive import (
     SEGMENT,
     archive_process,
@@ -27,7 +30,7 @@ from slipstream.archive import ArchiveSettings, RecordSpec, segment_files
 from slipstream.archive.client import ArchiveClient
 from slipstream.archive.reading import RecordingLostError, RecordingReader
 from slipstream.archive.service import _IDLE_PARK_NS, ArchiveService
-from slipstream.client import Client
+from slipstream.client import Client, Publication
 from slipstream.client.holding import CallError, small_channel
 from slipstream.client.layout import (
     DATA_HEADER,
@@ -66,6 +69,20 @@ def start_archive(tmp_path: Path, driver_dir: Path, records: list[tuple[str, int
     return port, archive_process(config, tmp_path / "archive.log")
 
 
+@contextlib.contextmanager
+def recording_ipc(tmp_path: Path, driver_dir: Path, stream_id: int,
+                  **settings: str) -> Iterator[tuple[int, Client, Publication]]:
+    """An archive process (in ``tmp_path / "archive"``, with ``settings``) recording IPC
+    stream ``stream_id`` of the driver at ``driver_dir``, a client of that driver and its
+    publication of the stream: (the archive's control port, the client, the publication),
+    once the recording began."""
+    port, process = start_archive(tmp_path, driver_dir, [("aeron:ipc", stream_id)], **settings)
+    with Client.connect(driver_dir) as client, process:
+        publication = client.add_publication("aeron:ipc", stream_id)
+        wait_for_recording(tmp_path / "archive")
+        yield port, client, publication
+
+
 def test_a_stopped_recording_is_replayed_whole_in_part_and_from_a_time(
         driver, tmp_path: Path) -> None:
     """An IPC stream of mixed sizes (fragmented ones too) recorded over 8+ segments of two
@@ -73,10 +90,7 @@ def test_a_stopped_recording_is_replayed_whole_in_part_and_from_a_time(
     later segment, then from a time taken between two bursts: the payloads and positions are
     the published ones, from the exact message."""
     archive_dir = tmp_path / "archive"
-    port, process = start_archive(tmp_path, driver.directory, [("aeron:ipc", 10)])
-    with Client.connect(driver.directory) as client, process:
-        publication = client.add_publication("aeron:ipc", 10)
-        wait_for_recording(archive_dir)
+    with recording_ipc(tmp_path, driver.directory, 10) as (port, client, publication):
         positions = publish(publication, 1200)
         wait_for(lambda: sum(p.stat().st_size for _, p in segment_files(archive_dir, 0))
                  >= positions[-1], timeout=20, what="the first burst recorded")
@@ -108,10 +122,7 @@ def test_a_live_recording_is_followed_until_it_stops_and_stop_replay_ends_a_repl
     and segment boundaries, and ends with it at its stop position; a second one, stopped by
     stop_replay mid-stream, ends early with exactly a prefix of the messages."""
     archive_dir = tmp_path / "archive"
-    port, process = start_archive(tmp_path, driver.directory, [("aeron:ipc", 11)])
-    with Client.connect(driver.directory) as client, process:
-        publication = client.add_publication("aeron:ipc", 11)
-        wait_for_recording(archive_dir)
+    with recording_ipc(tmp_path, driver.directory, 11) as (port, client, publication):
         positions = publish(publication, 100)
         with ArchiveClient(client, "127.0.0.1", port, CONTROL_STREAM) as archive:
             assert archive.recording_position(0)[1] is True
@@ -148,12 +159,9 @@ def test_a_range_not_held_is_refused_as_lost_naming_what_is_held(
     ``lost`` with the range the archive holds, and so is one past the stop; what is held
     replays."""
     archive_dir = tmp_path / "archive"
-    port, process = start_archive(tmp_path, driver.directory, [("aeron:ipc", 12)],
-                                  retention_max_bytes=f"{3 * SEGMENT // 1024}k",
-                                  retention_check_interval="50ms")
-    with Client.connect(driver.directory) as client, process:
-        publication = client.add_publication("aeron:ipc", 12)
-        wait_for_recording(archive_dir)
+    with recording_ipc(tmp_path, driver.directory, 12,
+                       retention_max_bytes=f"{3 * SEGMENT // 1024}k",
+                       retention_check_interval="50ms") as (port, client, publication):
         positions = publish(publication, 1000)
         publication.close()
         stop = wait_for_recording(archive_dir, ended=True).stop_position
@@ -186,11 +194,8 @@ def test_the_local_reader_reads_what_a_replay_does_and_never_past_the_recorded_p
     sync), reading as the publisher goes on; once the recording stops it has read every
     message, the same as a replay, payloads and positions."""
     archive_dir = tmp_path / "archive"
-    port, process = start_archive(tmp_path, driver.directory, [("aeron:ipc", 13)],
-                                  sync="interval", sync_interval="50ms")
-    with Client.connect(driver.directory) as client, process:
-        publication = client.add_publication("aeron:ipc", 13)
-        wait_for_recording(archive_dir)
+    with recording_ipc(tmp_path, driver.directory, 13, sync="interval",
+                       sync_interval="50ms") as (port, client, publication):
         positions = publish(publication, 60)
         with RecordingReader(archive_dir, 0, driver_dir=driver.directory) as reader:
             assert reader.position <= reader.recorded_position
@@ -225,12 +230,9 @@ def test_the_command_line_lists_live_positions_and_prints_or_forwards_a_replay(
     archive send it to a subscriber there; a range past a stopped recording's stop is
     refused, exit status 1, naming it lost."""
     archive_dir = tmp_path / "archive"
-    port, process = start_archive(tmp_path, driver.directory, [("aeron:ipc", 14)])
     config = tmp_path / "archive.toml"
     cli = [sys.executable, "-m", "slipstream.archive.cli"]
-    with Client.connect(driver.directory) as client, process:
-        publication = client.add_publication("aeron:ipc", 14)
-        wait_for_recording(archive_dir)
+    with recording_ipc(tmp_path, driver.directory, 14) as (port, client, publication):
         positions = publish(publication, 40)
         with ArchiveClient(client, "127.0.0.1", port, CONTROL_STREAM) as archive:
             wait_for(lambda: archive.recording_position(0) == (positions[-1], True),
@@ -335,10 +337,7 @@ def test_the_local_reader_never_reads_a_frame_past_the_recorded_stop(driver,
     (as a write past the recorded position would leave it): the local reader reads every
     recorded message and stops at the stop position, never delivering that frame."""
     archive_dir = tmp_path / "archive"
-    _, process = start_archive(tmp_path, driver.directory, [("aeron:ipc", 14)])
-    with Client.connect(driver.directory) as client, process:
-        publication = client.add_publication("aeron:ipc", 14)
-        wait_for_recording(archive_dir)
+    with recording_ipc(tmp_path, driver.directory, 14) as (_, _, publication):
         positions = publish(publication, 40)
         publication.close()
         descriptor = wait_for_recording(archive_dir, ended=True)
@@ -376,33 +375,19 @@ async def test_a_replay_is_read_from_a_trio_or_asyncio_task_and_its_wait_cancell
 
     monkeypatch.setattr(aio, "PARK_SLICE_NS", 30_000_000_000)
 
-    archive_dir = tmp_path / "archive"
-    port, process = start_archive(tmp_path, driver.directory, [("aeron:ipc", 10)])
-    with Client.connect(driver.directory) as client, process:
-        publication = client.add_publication("aeron:ipc", 10)
-        wait_for_recording(archive_dir)
+    with recording_ipc(tmp_path, driver.directory, 10) as (port, client, publication):
         positions = publish(publication, 600)
         assert positions[-1] > 2 * SEGMENT
         with ArchiveClient(client, "127.0.0.1", port, CONTROL_STREAM) as archive:
             wait_for(lambda: archive.recording_position(0)[0] >= positions[-1],
                      what="the messages recorded")
             got: list[tuple[bytes, int]] = []
-            ticks = 0
-
-            async def tick() -> None:
-                nonlocal ticks
-                while True:
-                    ticks += 1
-                    await anyio.sleep(0.001)
-
-            async with anyio.create_task_group() as tasks:
-                tasks.start_soon(tick)
+            async with another_task(0.001) as ticks:
                 with archive.replay(0, end=positions[-1]) as replay:
                     await replay.read_all_async(
                         lambda data, header: got.append((bytes(data), header.position)), 30)
-                tasks.cancel_scope.cancel()
             assert got == expected(0, positions)
-            assert ticks > 0
+            assert ticks.count > 0
             with archive.replay(0) as followed:  # live: it ends only when the recording stops
                 with anyio.move_on_after(1.0) as scope:
                     await followed.read_all_async(lambda data, header: None, 60)

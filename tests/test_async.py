@@ -15,8 +15,9 @@ from pathlib import Path
 import anyio
 import pytest
 from helpers import FAST_DRIVER_SETTINGS, Collector, message, wait_for
+from loops import another_task
 
-from slipstream.client import Client, aio
+from slipstream.client import Client, Publication, Subscription, aio
 from slipstream.client.aio import SCHEDULE_EVERY
 from slipstream.client.errors import (
     BackPressuredError,
@@ -39,6 +40,16 @@ LONG_SLICE_S = 30
 def fill_window(pub) -> None:
     while pub.position < WINDOW:
         assert pub.offer(b"w" * 96) > 0
+
+
+def a_full_window(client, stream_id: int) -> Publication:
+    """A publication of IPC stream ``stream_id``, connected to a subscription that reads
+    nothing, its window full: its next offer would wait."""
+    pub = client.add_publication(IPC, stream_id)
+    client.add_subscription(IPC, stream_id)
+    wait_for(lambda: pub.is_connected, what="connected")
+    fill_window(pub)
+    return pub
 
 
 async def test_offer_async_waits_for_a_slow_reader_in_the_same_event_loop(client) -> None:
@@ -109,28 +120,15 @@ async def test_offer_async_that_finds_credit_still_lets_other_tasks_run(client) 
     pub = client.add_publication(roomy, 70)
     client.add_subscription(roomy, 70)
     wait_for(lambda: pub.is_connected, what="connected")
-    turns = 0
-
-    async def other_task() -> None:
-        nonlocal turns
-        while True:
-            turns += 1
-            await anyio.sleep(0)
-
-    async with anyio.create_task_group() as nursery:
-        nursery.start_soon(other_task)
+    async with another_task() as turns:
         for _ in range(1_000):  # 128 KiB
             assert await pub.offer_async(b"c" * 96, timeout=5) > 0
-        turns_during_offers = turns
-        nursery.cancel_scope.cancel()
+        turns_during_offers = turns.count
     assert turns_during_offers >= 1_000 // SCHEDULE_EVERY - 1
 
 
 async def test_offer_async_raises_after_its_timeout(client) -> None:
-    pub = client.add_publication(IPC, 62)
-    client.add_subscription(IPC, 62)
-    wait_for(lambda: pub.is_connected, what="connected")
-    fill_window(pub)
+    pub = a_full_window(client, 62)
     started = time.monotonic()
     with pytest.raises(BackPressuredError) as info:
         await pub.offer_async(b"late", timeout=0.3)
@@ -159,10 +157,7 @@ async def cancel_once_parked(wait: Callable[[], Awaitable[object]],
 async def test_cancelling_a_parked_offer_returns_at_once_and_frees_its_thread(
         client, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(aio, "PARK_SLICE_NS", LONG_SLICE_S * 1_000_000_000)
-    pub = client.add_publication(IPC, 63)
-    client.add_subscription(IPC, 63)
-    wait_for(lambda: pub.is_connected, what="connected")
-    fill_window(pub)
+    pub = a_full_window(client, 63)
     position = pub.position
     took = await cancel_once_parked(lambda: pub.offer_async(b"never", timeout=60),
                                     lambda: pub._log.meta_i32(META_PUBLISHER_WAITERS))
@@ -241,12 +236,19 @@ async def test_an_offer_async_cancelled_before_it_waits_raises_only_if_nothing_w
     assert pub.position == returned * 128  # every append returned; the raise appended nothing
 
 
-async def test_an_async_for_left_early_leaves_the_rest_to_the_next_loop(client) -> None:
-    pub = client.add_publication(IPC, 72)
-    sub = client.add_subscription(IPC, 72)
+def ten_unread(client, stream_id: int) -> tuple[Publication, Subscription]:
+    """A publication and a subscription of IPC stream ``stream_id``, connected, and messages
+    0 .. 9 (64 bytes) offered and not read yet."""
+    pub = client.add_publication(IPC, stream_id)
+    sub = client.add_subscription(IPC, stream_id)
     wait_for(lambda: pub.is_connected, what="connected")
     for i in range(10):
         assert pub.offer(message(i, 64)) > 0
+    return pub, sub
+
+
+async def test_an_async_for_left_early_leaves_the_rest_to_the_next_loop(client) -> None:
+    pub, sub = ten_unread(client, 72)
     seen = []
     with anyio.fail_after(5):
         async for data in sub.messages():  # one poll takes all ten
@@ -264,11 +266,7 @@ async def test_an_async_for_left_early_leaves_the_rest_to_the_next_loop(client) 
 async def test_a_read_past_what_an_async_for_left_pending_is_refused(client) -> None:
     """Messages a messages() loop polled and did not yield come first: poll and receive
     raise rather than skip them (they would come out of order, or never)."""
-    pub = client.add_publication(IPC, 73)
-    sub = client.add_subscription(IPC, 73)
-    wait_for(lambda: pub.is_connected, what="connected")
-    for i in range(10):
-        assert pub.offer(message(i, 64)) > 0
+    _pub, sub = ten_unread(client, 73)  # (kept open while it reads)
     seen = []
     with anyio.fail_after(5):
         async for data in sub.messages():
@@ -321,10 +319,7 @@ async def test_async_for_ends_when_the_subscription_closes(client) -> None:
 
 
 async def test_a_closed_publication_raises_in_a_waiting_offer(client) -> None:
-    pub = client.add_publication(IPC, 67)
-    client.add_subscription(IPC, 67)
-    wait_for(lambda: pub.is_connected, what="connected")
-    fill_window(pub)
+    pub = a_full_window(client, 67)
 
     async def close_soon() -> None:
         await anyio.sleep(0.2)
@@ -427,10 +422,7 @@ async def test_an_asyncio_task_cancel_ends_a_parked_offer_at_once_and_frees_its_
     import asyncio
 
     monkeypatch.setattr(aio, "PARK_SLICE_NS", LONG_SLICE_S * 1_000_000_000)
-    pub = client.add_publication(IPC, 80)
-    client.add_subscription(IPC, 80)
-    wait_for(lambda: pub.is_connected, what="connected")
-    fill_window(pub)
+    pub = a_full_window(client, 80)
     position = pub.position
     waiters = lambda: pub._log.meta_i32(META_PUBLISHER_WAITERS)  # noqa: E731
     task = asyncio.create_task(pub.offer_async(b"never", timeout=60))

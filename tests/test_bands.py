@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import socket
 import struct
-import uuid
 from collections import Counter
 from itertools import pairwise
 from pathlib import Path
 
 import pytest
+from helpers import network_publication
 
 from slipstream.client import control
 from slipstream.client._native import lib as client_lib
@@ -24,11 +24,7 @@ from slipstream.client.errors import ChannelError
 from slipstream.client.logbuffer import LogBuffer, new_appender
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
-from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.flow.registry import flow_control_for
-from slipstream.daemon.protocol.params import PublicationParams
-from slipstream.daemon.protocol.types import LocalCounters
-from slipstream.daemon.streams.publication import NetworkPublication, SenderPositions
+from slipstream.daemon.streams.publication import NetworkPublication
 from slipstream.sim.network import LinkFaults
 from slipstream.sim.runner import Simulation
 from slipstream.sim.scenario import Scenario
@@ -62,19 +58,12 @@ class Sender:
 
     @staticmethod
     def _publication(shm: Path, session_id: int, priority: int, fd: int) -> NetworkPublication:
-        log = LogBuffer.create(shm / f"{uuid.uuid4().hex}.log", term_length=TERM,
-                               initial_term_id=0, session_id=session_id, stream_id=1,
-                               mtu=1408, correlation_id=session_id)
-        positions = SenderPositions.in_process()
-        settings = DriverSettings(term_buffer_length=TERM)
-        params = PublicationParams.for_network(
-            parse_channel(f"aeron:udp?endpoint=10.0.0.2:40123|priority={priority}"), settings)
-        publication = NetworkPublication(
-            log=log, params=params, settings=settings, positions=positions,
-            flow_control=flow_control_for(params), counters=LocalCounters(), now_ns=0,
-            destination=("10.0.0.2", 40123))
+        publication = network_publication(
+            shm, f"aeron:udp?endpoint=10.0.0.2:40123|priority={priority}", ("10.0.0.2", 40123),
+            term_length=TERM, initial_term_id=0, session_id=session_id, stream_id=1)
         network_ffi.cast("int64_t *", publication.c.sender_limit)[0] = 1 << 40
-        appender = new_appender(log, positions.publisher_limit)
+        positions = publication.positions
+        appender = new_appender(publication.log, positions.publisher_limit)
         positions.publisher_limit[0] = 1 << 40
         from slipstream.client._native import lib
 

@@ -134,7 +134,8 @@ def test_an_applications_image_installs_its_wheels_into_the_images_environment(
     try:
         # Not --layers=false: with it podman 4.3 removed the session's image at the end of the
         # build (the image of the stage that is only its FROM).
-        podman("build", "--quiet", "--pull=never", "--format", "docker",
+        # --network=none: a RUN on podman's bridge network leaves its iptables chains.
+        podman("build", "--quiet", "--pull=never", "--format", "docker", "--network=none",
                "--build-arg", f"BUILD_STAGE_ID={run}",
                "--build-arg", f"SLIPSTREAM_IMAGE={containers.image}",
                "--build-arg", f"BASE_IMAGE={image_settings()['BASE_IMAGE']}",

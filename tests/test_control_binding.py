@@ -11,18 +11,17 @@ queued for the data path and the counters.
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
 import pytest
+from helpers import network_publication
 from hypothesis import given
 from hypothesis import strategies as st
 
 from slipstream.client._native import lib
-from slipstream.client.channel import parse_channel
 from slipstream.client.counters import SystemCounter
 from slipstream.client.frames import ErrorFrame, Nak, RateSignal, StatusMessage
-from slipstream.client.logbuffer import LogBuffer, new_appender
+from slipstream.client.logbuffer import new_appender
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
@@ -31,12 +30,9 @@ from slipstream.daemon.flow.min_multicast import (
     ADMISSION_STATUS_MESSAGES,
     MinMulticastFlowControl,
 )
-from slipstream.daemon.flow.registry import flow_control_for
 from slipstream.daemon.media.send_channel import SendChannel
-from slipstream.daemon.protocol.params import PublicationParams
-from slipstream.daemon.protocol.types import LocalCounters
 from slipstream.daemon.reports.error_log import RemoteTextLimiter, escape_remote_text
-from slipstream.daemon.streams.publication import NetworkPublication, SenderPositions
+from slipstream.daemon.streams.refusals import REJECTIONS_PER_PASS_MAX
 
 TERM = 64 * 1024
 BITS = 16
@@ -83,20 +79,14 @@ class Sender:
 
     def __init__(self, shm: Path, uri: str = "aeron:udp?endpoint=10.0.0.2:40123", *,
                  sent: int = TERM, acknowledged: int | None = None, **settings: object) -> None:
-        self.path = shm / f"{uuid.uuid4().hex}.log"
-        log = LogBuffer.create(self.path, term_length=TERM, initial_term_id=INITIAL_TERM_ID,
-                               session_id=SESSION, stream_id=STREAM, mtu=1408, correlation_id=1)
-        positions = SenderPositions.in_process()
-        self.settings = s = DriverSettings(term_buffer_length=TERM, **settings)
-        self.counters = counters = LocalCounters()
-        params = PublicationParams.for_network(parse_channel(uri), s)
-        self.pub = pub = NetworkPublication(
-            log=log, params=params, settings=s, positions=positions,
-            flow_control=flow_control_for(params), counters=counters, now_ns=0,
-            destination=RECEIVER_ADDRESS)
-        self.channel = SendChannel(counters=counters)
+        self.settings = DriverSettings(term_buffer_length=TERM, **settings)
+        self.pub = pub = network_publication(
+            shm, uri, RECEIVER_ADDRESS, term_length=TERM, initial_term_id=INITIAL_TERM_ID,
+            session_id=SESSION, stream_id=STREAM, **settings)
+        self.path, self.counters = pub.log.path, pub.counters
+        self.channel = SendChannel(counters=pub.counters)
         self.channel.add_publication(pub)
-        self.appender = new_appender(log, positions.publisher_limit)
+        self.appender = new_appender(pub.log, pub.positions.publisher_limit)
         self.spans = network_ffi.new("ss_span_t[]", 64 + network.SS_RETRANSMIT_MAX)
         self.now_ns = 0
         self.deliver(sm(0), RECEIVER_ADDRESS)
@@ -297,10 +287,27 @@ def test_an_err_naming_the_receiver_from_another_address_changes_nothing(
     sender = Sender(shm)
     pub = sender.pub
     sender.deliver(ErrorFrame(SESSION, STREAM, RECEIVER, 1, "forged\nERROR x"), ATTACKER)
-    assert pub.is_connected and pub.has_live_receiver(RECEIVER) and not pub.rejections
+    assert pub.is_connected and pub.has_live_receiver(RECEIVER) and not pub.refusals.rejections
     assert sender[SystemCounter.ERR_SOURCE_MISMATCH_DROPS] == 1
     sender.deliver(ErrorFrame(SESSION, STREAM, 12345, 1, "who?"), ATTACKER)
-    assert pub.is_connected and pub.rejections == [(ATTACKER, "who?")]
+    assert pub.is_connected and pub.refusals.rejections == [(ATTACKER, "who?")]
+
+
+def test_errs_past_what_a_pass_keeps_are_counted_as_refusals_all_the_same(
+        shm: Path) -> None:
+    """More ERRs in one pass than their texts are kept for (REJECTIONS_PER_PASS_MAX): the
+    rest count REMOTE_TEXT_SUPPRESSED_DROPS and are kept as a count,
+    ``rejections_unkept``, which the sender hands on with the kept ones
+    (``PublicationRejected.unkept``) for the publication's refusals to count."""
+    sender = Sender(shm)
+    pub = sender.pub
+    more = 5
+    for receiver_id in range(REJECTIONS_PER_PASS_MAX + more):
+        sender.deliver(ErrorFrame(SESSION, STREAM, 1000 + receiver_id, 1, "refused"),
+                       ATTACKER)
+    assert len(pub.refusals.rejections) == REJECTIONS_PER_PASS_MAX
+    assert pub.refusals.rejections_unkept == more
+    assert sender[SystemCounter.REMOTE_TEXT_SUPPRESSED_DROPS] == more
 
 
 @pytest.mark.parametrize("c_takes_sms", [True, False])

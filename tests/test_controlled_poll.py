@@ -64,9 +64,10 @@ class _SubscriberPosition:
         self._counters.close()
 
 
-def _ipc_stream(client: Client, start_offset: int = 0):
-    """A new IPC stream whose log starts ``start_offset`` bytes into its first term; returns
-    its publication, subscription, image and subscriber position counter."""
+def _ipc_stream(client: Client, start_offset: int = 0, *, offered: int = 0):
+    """A new IPC stream whose log starts ``start_offset`` bytes into its first term, messages
+    0 .. ``offered`` - 1 (60 bytes) offered on it; returns its publication, subscription,
+    image and subscriber position counter."""
     stream_id = next(_stream_ids)
     channel = (f"aeron:ipc?term-length=64k|init-term-id=7|term-id=7|term-offset={start_offset}"
                if start_offset else "aeron:ipc?term-length=64k")
@@ -74,6 +75,8 @@ def _ipc_stream(client: Client, start_offset: int = 0):
     subscription = client.add_subscription("aeron:ipc", stream_id)
     connect(publication, subscription)
     [image] = subscription.images
+    for i in range(offered):
+        offer_until(publication, _message(i, 60))
     return publication, subscription, image, _SubscriberPosition(client,
                                                                  subscription.registration_id)
 
@@ -201,9 +204,7 @@ def test_an_aborted_message_is_delivered_again_by_the_next_poll_of_either_kind(
 
 
 def test_break_consumes_the_message_and_ends_the_poll(client: Client) -> None:
-    publication, subscription, image, seen = _ipc_stream(client)
-    for i in range(5):
-        offer_until(publication, _message(i, 60))
+    _publication, subscription, image, seen = _ipc_stream(client, offered=5)
     got: list[bytes] = []
     assert subscription.controlled_poll(_answering(CONTINUE, BREAK, got=got), 10) == 2
     assert [_index(m) for m in got] == [0, 1]
@@ -215,9 +216,7 @@ def test_break_consumes_the_message_and_ends_the_poll(client: Client) -> None:
 
 def test_commit_moves_the_position_before_the_next_message_and_continue_at_the_end(
         client: Client) -> None:
-    publication, subscription, image, seen = _ipc_stream(client)
-    for i in range(4):
-        offer_until(publication, _message(i, 60))
+    _publication, subscription, image, seen = _ipc_stream(client, offered=4)
     frame = _frame_length(60)
     positions: list[int] = []
 
@@ -260,9 +259,7 @@ def test_a_commit_gives_the_publisher_credit_while_the_poll_still_runs(
 
 def test_a_handler_that_raises_or_answers_no_action_has_consumed_its_message(
         client: Client) -> None:
-    publication, subscription, image, seen = _ipc_stream(client)
-    for i in range(3):
-        offer_until(publication, _message(i, 60))
+    publication, subscription, image, seen = _ipc_stream(client, offered=3)
     offer_until(publication, _message(3, 3000))  # fragmented
     offer_until(publication, _message(4, 60))
 

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import socket
 import tempfile
-import uuid
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
+from helpers import network_publication
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slipstream.client.channel import parse_channel, parse_join
+from slipstream.client.channel import parse_join
 from slipstream.client.counters import SystemCounter
 from slipstream.client.frames import (
     ErrorFrame,
@@ -36,10 +36,7 @@ from slipstream.client.layout import (
     SM_LENGTH,
     SM_SEND_SETUP_FLAG,
 )
-from slipstream.client.logbuffer import LogBuffer
 from slipstream.daemon._network import ffi as network_ffi
-from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.flow.registry import flow_control_for
 from slipstream.daemon.media import send_point
 from slipstream.daemon.media.destinations import (
     ALL_DESTINATIONS,
@@ -50,9 +47,8 @@ from slipstream.daemon.media.destinations import (
 )
 from slipstream.daemon.media.events import ResponseSetupArrived
 from slipstream.daemon.media.send_channel import SendChannel
-from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.types import Address, Datagram, LocalCounters, address_of
-from slipstream.daemon.streams.publication import NetworkPublication, SenderPositions
+from slipstream.daemon.streams.publication import NetworkPublication
 
 S = 1_000_000_000
 ADDRESSES = [("127.0.0.1", 40000 + i) for i in range(4)] + [("::1", 40100), ("10.0.0.3", 9)]
@@ -182,17 +178,8 @@ def test_the_table_and_its_c_view_follow_every_operation(mode: ControlMode, ops,
 def _publication(shm: Path, counters: LocalCounters,
                  uri: str = "aeron:udp?control=127.0.0.1:40456|control-mode=dynamic",
                  session_id: int = 5, stream_id: int = 6) -> NetworkPublication:
-    log = LogBuffer.create(shm / f"{uuid.uuid4().hex}.log", term_length=64 * 1024,
-                           initial_term_id=10, session_id=session_id, stream_id=stream_id,
-                           mtu=1408,
-                           correlation_id=1)
-    channel = parse_channel(uri)
-    settings = DriverSettings(term_buffer_length=64 * 1024)
-    params = PublicationParams.for_network(channel, settings)
-    return NetworkPublication(log=log, params=params, settings=settings,
-                              positions=SenderPositions.in_process(),
-                              flow_control=flow_control_for(params), counters=counters,
-                              now_ns=0, destination=ALL_DESTINATIONS)
+    return network_publication(shm, uri, ALL_DESTINATIONS, session_id=session_id,
+                               stream_id=stream_id, counters=counters)
 
 
 def _validating_channel(shm: Path, counters: LocalCounters, **table: Any
@@ -239,7 +226,7 @@ def test_a_dynamic_endpoint_sends_a_new_source_only_the_validation_exchange_unti
     assert table.addresses == [] and table.candidates == [joining]
     assert [(p, d.address, decode(d.data)) for p, d in channel.challenges] == [
         (publication, joining, PROBE)]
-    assert not publication.is_setup_elicited
+    assert not publication.setups.elicited
     assert counters[SystemCounter.STATUS_MESSAGES_RECEIVED] == 0
 
     channel.on_control(attrs.evolve(ECHO, session_id=TOKEN + 1).encode(), joining, 4)
@@ -304,7 +291,7 @@ def test_a_receiver_of_one_session_validates_by_the_rttm_echo(shm: Path) -> None
     assert table.addresses == [] and counters[SystemCounter.STATUS_MESSAGES_RECEIVED] == 0
     channel.on_control(RTTM_ECHO.encode(), one, 4)
     assert table.addresses == [one] and table.candidates == []
-    assert not publication.is_setup_elicited
+    assert not publication.setups.elicited
 
 
 def test_join_subnets_and_the_candidate_bound_refuse_by_cause(shm: Path) -> None:
@@ -500,7 +487,7 @@ def test_each_response_publication_sends_to_the_one_client_that_asked(shm: Path)
     client_a, client_b = ("127.0.0.1", 50001), ("127.0.0.1", 50002)
 
     channel.on_control(StatusMessage(5, 6, 0, 0, 0, 1, SM_SEND_SETUP_FLAG).encode(), client_a, 1)
-    assert _destination_of(first) == client_a and first.is_setup_elicited
+    assert _destination_of(first) == client_a and first.setups.elicited
     assert _destination_of(second) is None
     channel.on_control(StatusMessage(8, 6, 0, 0, 0, 2, SM_SEND_SETUP_FLAG).encode(), client_b, 2)
     assert _destination_of(second) == client_b

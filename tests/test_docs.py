@@ -554,19 +554,25 @@ class _PageRun:
             return [sys.executable, "-c", self.own(block.text)]
         return ["bash", "-euo", "pipefail", "-c", self.own(block.text)]
 
-    def start_driver(self, name: str) -> None:
-        """Run the block ``name`` (a driver, which runs until stopped) until it serves."""
-        log = self.work / f"{name}.log"
-        with log.open("wb") as out:
-            process = subprocess.Popen(self.command(_block(self.path, name)), cwd=self.work,
-                                       env=self.env, stdin=subprocess.DEVNULL, stdout=out,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
-        self.drivers.append((process, log))
+    def start_drivers(self, names: tuple[str, ...]) -> None:
+        """Run the blocks ``names`` (drivers, which run until stopped) until each serves;
+        they start side by side, as a reader's terminals would."""
+        started = []
+        for name in names:
+            log = self.work / f"{name}.log"
+            with log.open("wb") as out:
+                process = subprocess.Popen(self.command(_block(self.path, name)),
+                                           cwd=self.work, env=self.env,
+                                           stdin=subprocess.DEVNULL, stdout=out,
+                                           stderr=subprocess.STDOUT, start_new_session=True)
+            self.drivers.append((process, log))
+            started.append((name, process, log))
         deadline = time.monotonic() + 60
-        while "running in" not in log.read_text(errors="replace"):
-            assert process.poll() is None and time.monotonic() < deadline, \
-                f"{self.path}: block {name!r} did not start a driver:\n{log.read_text()}"
-            time.sleep(0.05)
+        for name, process, log in started:
+            while "running in" not in log.read_text(errors="replace"):
+                assert process.poll() is None and time.monotonic() < deadline, \
+                    f"{self.path}: block {name!r} did not start a driver:\n{log.read_text()}"
+                time.sleep(0.05)
 
     def check(self, name: str, text: str | None = None, timeout: float = 60) -> None:
         """Run the block ``name`` (or ``text`` in its place) to its end, and compare what it
@@ -621,8 +627,7 @@ def page_run(tmp_path: Path) -> Iterator[Callable[[str], _PageRun]]:
 def _run(page_run: Callable[[str], _PageRun], name: str, timeout: float = 60) -> _PageRun:
     path, drivers, checked = PAGE_RUNS[name]
     run = page_run(path)
-    for driver in drivers:
-        run.start_driver(driver)
+    run.start_drivers(drivers)
     for block in checked:
         run.check(block, timeout=timeout)
     return run

@@ -3,16 +3,12 @@ a log the host has no room for (the driver lives on)."""
 
 from __future__ import annotations
 
-import os
 import resource
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import FAST_DRIVER_SETTINGS, lacking
+from helpers import FAST_DRIVER_SETTINGS, small_tmpfs
 
 from slipstream.client import (
     BufferClaim,
@@ -64,17 +60,23 @@ def test_a_message_too_long_gives_the_limit(client: Client) -> None:
     assert str(frame_limit) in str(error.value) and "offer() fragments" in str(error.value)
 
 
+def refused_log(driver, client: Client, channel: str) -> str:
+    """What ``driver`` answered a publication of ``channel``, stream 77, whose log it could
+    not make: a RegistrationError, no log left behind; its message."""
+    with pytest.raises(RegistrationError) as error:
+        client.add_publication(channel, 77)
+    assert list((Path(driver.directory) / "publications").iterdir()) == []
+    return str(error.value)
+
+
 def test_a_log_the_host_has_no_room_for_is_a_clear_error_and_leaves_nothing(
         driver, client: Client) -> None:
     # The kernel refuses files over RLIMIT_FSIZE, as a full /dev/shm refuses the allocation.
     _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     resource.prlimit(driver.pid, resource.RLIMIT_FSIZE, (1 << 20, hard))
-    with pytest.raises(RegistrationError) as error:
-        client.add_publication("aeron:ipc?term-length=1m", 77)
-    message = str(error.value)
+    message = refused_log(driver, client, "aeron:ipc?term-length=1m")
     assert "cannot create the log of stream 77 (3 MiB in" in message
     assert "File too large" in message and "term-length=" in message
-    assert list((Path(driver.directory) / "publications").iterdir()) == []
     # The driver carries on: a log that fits is created.
     publication = client.add_publication("aeron:ipc", 78)
     assert publication.stream_id == 78
@@ -82,35 +84,24 @@ def test_a_log_the_host_has_no_room_for_is_a_clear_error_and_leaves_nothing(
 
 
 @pytest.fixture
-def small_tmpfs() -> Iterator[Path]:
+def small_shm(tmp_path: Path) -> Iterator[Path]:
     """A 32 MiB tmpfs mounted for the test (as Docker's small /dev/shm), unmounted after:
     needs root; skips without, fails under CI=true."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        lacking("mounting a tmpfs needs root and mount(8)")
-    mount_point = Path(tempfile.mkdtemp(prefix="slipstream-small-shm-"))
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m,mode=0700", "tmpfs",
-                    str(mount_point)], check=True)
-    try:
+    with small_tmpfs(tmp_path / "shm", 32 * 2**20) as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "--lazy", str(mount_point)], check=False)
-        mount_point.rmdir()
 
 
 @pytest.mark.hosts
 def test_a_sparse_log_that_would_not_fit_is_refused_and_the_driver_lives_on(
-        small_tmpfs: Path) -> None:
+        small_shm: Path) -> None:
     """A sparse log takes its pages as it is written: one larger than the free space would
     kill its writer with SIGBUS once the filesystem ran out (the driver, with every stream;
     tried: exit 135, nothing logged).  It is refused when it is made."""
-    with MediaDriver.launch(directory=small_tmpfs / "driver", **FAST_DRIVER_SETTINGS) as driver, \
+    with MediaDriver.launch(directory=small_shm / "driver", **FAST_DRIVER_SETTINGS) as driver, \
             Client.connect(driver.directory) as client:
-        with pytest.raises(RegistrationError) as error:
-            client.add_publication("aeron:ipc?sparse=true|term-length=16m", 77)
-        message = str(error.value)
+        message = refused_log(driver, client, "aeron:ipc?sparse=true|term-length=16m")
         assert "cannot create the log of stream 77 (48 MiB in" in message
         assert "free for a log of 48" in message and "term-length=" in message
-        assert list((Path(driver.directory) / "publications").iterdir()) == []
         # Two that fit one at a time but not together: the first has written nothing yet,
         # and the free space alone said the second fit too, sparse or dense (a review's
         # finds: writing the first then ended in SIGBUS).

@@ -636,15 +636,23 @@ def test_an_idle_embedded_driver_beats_four_times_within_driver_timeout(embedded
                       client_liveness_timeout="5s", publication_unblock_timeout="10s")
     with Client.connect(driver.directory, invoker=driver.do_work) as client:
         beats: list[int] = []
+        calls: list[tuple[int, int]] = []  # (start, end) of each call
         ends = time.monotonic() + 3.0
         while time.monotonic() < ends:
+            started = time.monotonic_ns()
             driver.do_work()
+            calls.append((started, time.monotonic_ns()))
             beat = client.counters.driver_heartbeat_ns
             if not beats or beat != beats[-1]:
                 beats.append(beat)
             time.sleep(0.001)
     gaps = [b - a for a, b in itertools.pairwise(beats)]
-    assert len(gaps) >= 10 and max(gaps) <= 200_000_000 + 20_000_000, max(gaps)
+    # A beat can come no sooner than the call after it fell due: the longest wait from one
+    # call's end to the next's start (a loaded host deschedules this loop) is the
+    # application's, not the driver's; a driver slow inside its calls gets no room from it.
+    longest_call_gap = max(b[0] - a[1] for a, b in itertools.pairwise(calls))
+    bound = 200_000_000 + longest_call_gap + 20_000_000
+    assert len(gaps) >= 10 and max(gaps) <= bound, (max(gaps), longest_call_gap)
 
 
 def test_a_rate_limited_offer_runs_the_embedded_driver_while_it_paces(embedded) -> None:
@@ -678,7 +686,10 @@ def test_a_rate_limited_offer_runs_the_embedded_driver_while_it_paces(embedded) 
             watcher.join(5)
         assert time.monotonic() - started > 0.5
         gaps = [b - a for a, b in itertools.pairwise(beats)]
-        assert len(beats) >= 4 and max(gaps) <= 250_000_000, (len(beats), max(gaps, default=0))
+        # A driver that did not run while the offer waited would show one gap of the whole
+        # second's pacing; half of it, and under the 800 ms driver_timeout its clients judge
+        # it by, leaves room for a loaded machine's late wake-ups.
+        assert len(beats) >= 4 and max(gaps) <= 500_000_000, (len(beats), max(gaps, default=0))
         got: list[bytes] = []
         run_until(lambda: sub.poll(lambda data, _h: got.append(bytes(data)), 10) and
                   len(got) == 2, driver, what="both messages")
@@ -708,7 +719,10 @@ async def test_offer_async_under_rate_limit_runs_the_embedded_driver_while_it_pa
             assert await pub.offer_async(b"second") > 0  # a second's pacing
             nursery.cancel_scope.cancel()
         gaps = [b - a for a, b in itertools.pairwise(beats)]
-        assert len(beats) >= 4 and max(gaps) <= 250_000_000, (len(beats), max(gaps, default=0))
+        # A driver that did not run while the offer waited would show one gap of the whole
+        # second's pacing; half of it, and under the 800 ms driver_timeout its clients judge
+        # it by, leaves room for a loaded machine's late wake-ups.
+        assert len(beats) >= 4 and max(gaps) <= 500_000_000, (len(beats), max(gaps, default=0))
 
 
 def test_wait_for_data_runs_the_embedded_driver_while_it_waits(embedded) -> None:

@@ -26,9 +26,10 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from helpers import NETWORK_SETTINGS, Collector, counters_of, wait_for
-from sealed_wire import ext_type, nonce, open_sealed, read_captured_answer
+from sealed_wire import KEY_A, ext_type, nonce, open_sealed, read_captured_answer
+from test_encrypted_streams import write_keys
 
-from slipstream.client import Client
+from slipstream.client import Client, Publication, Subscription
 from slipstream.client.counters import DROP_CAUSES
 from slipstream.client.layout import (
     EXT_TYPE_HANDSHAKE_ANSWER,
@@ -53,7 +54,18 @@ CONNECTION_TIMEOUT_S = load_settings(
     env={}, overrides=NETWORK_SETTINGS).publication_connection_timeout / 1e9
 SPOOFER = Path(__file__).with_name("spoofer.py")
 WIRE_CAPTURE = Path(__file__).with_name("wire_capture.py")
-KEY = bytes(range(32))
+
+
+def keyed_stream(a: Client, b: Client, one: str, two: str,
+                 stream_id: int) -> tuple[Publication, Subscription]:
+    """A ``key=k`` stream from client ``a`` on host ``one`` (its socket at CONTROL_PORT) to
+    client ``b`` on host ``two`` (at PORT), connected: (the publication, the subscription)."""
+    subscription = b.add_subscription(f"aeron:udp?endpoint={two}:{PORT}|key=k", stream_id)
+    publication = a.add_publication(
+        f"aeron:udp?endpoint={two}:{PORT}|control={one}:{CONTROL_PORT}|key=k", stream_id)
+    wait_for(lambda: publication.is_connected and subscription.images, timeout=15,
+             what="the stream connected")
+    return publication, subscription
 
 
 def paced(publication, collector: Collector, count: int, first: int) -> float:
@@ -78,19 +90,13 @@ def paced(publication, collector: Collector, count: int, first: int) -> float:
 @pytest.mark.parametrize("hosts", [3], indirect=True)
 def test_a_spoofing_host_changes_nothing_on_an_encrypted_stream(hosts, tmp_path: Path) -> None:
     keys = tmp_path / "keys"
-    keys.mkdir(mode=0o750)
-    (keys / "k.key").write_text(f"1 {bytes(range(32)).hex()}\n")
-    (keys / "k.key").chmod(0o640)
+    write_keys(keys, "k", [(1, KEY_A)])
     settings = {**NETWORK_SETTINGS, "keys_dir": str(keys)}
     publisher = hosts.start_driver(1, **settings)
     subscriber = hosts.start_driver(2, **settings)
     one, two = hosts[1].address, hosts[2].address
     with Client.connect(publisher.directory) as a, Client.connect(subscriber.directory) as b:
-        subscription = b.add_subscription(f"aeron:udp?endpoint={two}:{PORT}|key=k", 5)
-        publication = a.add_publication(
-            f"aeron:udp?endpoint={two}:{PORT}|control={one}:{CONTROL_PORT}|key=k", 5)
-        wait_for(lambda: publication.is_connected and subscription.images, timeout=15,
-                 what="the stream connected")
+        publication, subscription = keyed_stream(a, b, one, two, 5)
         collector = Collector(subscription)
         paced(publication, collector, COUNT, 0)
         before = counters_of(publisher), counters_of(subscriber)
@@ -139,9 +145,7 @@ def test_a_capture_of_a_keyed_stream_reads_and_opens_nothing_even_with_the_key_l
     random, sent only sealed in the handshake), and the handshake read with the key: the INIT
     opens to it, the ANSWER does not (it needs an ephemeral private key no one kept)."""
     keys = tmp_path / "keys"
-    keys.mkdir(mode=0o750)
-    (keys / "k.key").write_text(f"1 {KEY.hex()}\n")
-    (keys / "k.key").chmod(0o640)
+    write_keys(keys, "k", [(1, KEY_A)])
     settings = {**NETWORK_SETTINGS, "keys_dir": str(keys)}
     recording = tmp_path / "wire.jsonl"
     count = 1_500
@@ -157,11 +161,7 @@ def test_a_capture_of_a_keyed_stream_reads_and_opens_nothing_even_with_the_key_l
         marks = [b"secret-%06d|" % i for i in range(count)]
         with Client.connect(publisher.directory) as a, \
                 Client.connect(subscriber.directory) as b:
-            subscription = b.add_subscription(f"aeron:udp?endpoint={two}:{PORT}|key=k", 6)
-            publication = a.add_publication(
-                f"aeron:udp?endpoint={two}:{PORT}|control={one}:{CONTROL_PORT}|key=k", 6)
-            wait_for(lambda: publication.is_connected and subscription.images, timeout=15,
-                     what="the stream connected")
+            publication, subscription = keyed_stream(a, b, one, two, 6)
             collector = Collector(subscription)
             start = time.monotonic()
             for i, mark in enumerate(marks):
@@ -217,13 +217,13 @@ def test_a_capture_of_a_keyed_stream_reads_and_opens_nothing_even_with_the_key_l
     assert len(sealed) >= count
     for datagram in sealed[:200]:
         with pytest.raises(InvalidTag):
-            open_sealed(datagram, KEY)  # the key taken as a sender's secret
+            open_sealed(datagram, KEY_A)  # the key taken as a sender's secret
         sender_id, counter = SEALED_HEADER.unpack_from(datagram)[7:9]
         salt = sender_id.to_bytes(8, "little") + (counter >> SEALED_EPOCH_BITS).to_bytes(
             8, "little")
         for info in (b"slipstream sealed datagram v1", b"slipstream sealed datagram v2"):
             # The key as the input of a sender's derivation.
-            out = HKDF(hashes.SHA256(), 44, salt, info).derive(KEY)
+            out = HKDF(hashes.SHA256(), 44, salt, info).derive(KEY_A)
             with pytest.raises(InvalidTag):
                 AESGCM(out[:32]).decrypt(nonce(out[32:], counter),
                                          datagram[SEALED_HEADER_LENGTH:],
@@ -233,4 +233,4 @@ def test_a_capture_of_a_keyed_stream_reads_and_opens_nothing_even_with_the_key_l
     assert answers and all(a[16:24] in inits for a in answers)
     for answer in answers:
         with pytest.raises(InvalidTag):
-            read_captured_answer(KEY, inits[answer[16:24]], answer)
+            read_captured_answer(KEY_A, inits[answer[16:24]], answer)

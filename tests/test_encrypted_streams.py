@@ -26,8 +26,10 @@ from helpers import (
     free_port,
     mdc_destinations,
     stream,
+    stream_to_all,
     wait_for,
 )
+from sealed_wire import KEY_A, KEY_B
 
 from slipstream.client import ChannelError, ChannelRejectedError, Client
 from slipstream.client.frames import ErrorFrame, Nak, StatusMessage
@@ -36,12 +38,13 @@ from slipstream.client.layout import (
     EXT_TYPE_SEALED,
     FLAGS_FIELD,
     HDR_TYPE_EXT,
+    HEADER_LENGTH,
+    SEALED_HEADER_LENGTH,
     SEALED_OVERHEAD,
+    TERM_OFFSET_FIELD,
 )
 from slipstream.daemon.media.sealing import Sealing
 
-KEY_A = bytes(range(32))
-KEY_B = bytes(range(100, 132))
 DROPS = ("CRYPTO_PLAIN_DROPS", "CRYPTO_UNKNOWN_KEY_DROPS", "CRYPTO_AUTH_DROPS",
          "CRYPTO_REPLAY_DROPS", "CRYPTO_SEAL_REFUSED", "CRYPTO_SEALED_AT_PLAIN_DROPS")
 
@@ -131,7 +134,7 @@ class Sniffer:
         socket's buffer, and a datagram the kernel drops is counted by no one)."""
         for i, data in enumerate(datagrams):
             self.back.sendto(data, self.target)
-            if i % 32 == 31:
+            if i % 8 == 7:  # 8 a millisecond: a receiver on a loaded machine keeps up
                 time.sleep(0.001)
 
     def close(self) -> None:
@@ -202,13 +205,59 @@ def test_tampered_truncated_and_replayed_datagrams_change_nothing_and_are_counte
         # original's place), and so is every captured datagram again.
         wait_for(lambda: drops(b)["CRYPTO_REPLAY_DROPS"]
                  >= 0.95 * (len(captured) + forged["replays"]),
-                 what=f"the replays counted ({len(captured)} + {forged['replays']})")
+                 what=f"the replays counted ({len(captured)} + {forged['replays']})",
+                 timeout=30)
         collector.poll()
         collector.assert_exactly(5_000)
     counted = drops(b)
     assert 0.95 * forged["auth"] <= counted["CRYPTO_AUTH_DROPS"] <= forged["auth"]
     assert counters_of(b)["CRYPTO_AWAITING_HANDSHAKE_DROPS"] >= 0.95 * forged["no-session"]
     assert counted["CRYPTO_PLAIN_DROPS"] == counted["CRYPTO_UNKNOWN_KEY_DROPS"] == 0
+
+
+def _relayed_stream(hosts, sniffer, port: int, mangle, mtu: str = "",
+                    size=lambda i: 100 + i % 1200):  # -> (publishing, subscribing driver)
+    """3,000 messages of ``size(i)`` bytes on a keyed stream from driver "a" to driver "b"
+    (port ``port``, ``mtu`` its channel's |mtu= or none), every datagram through a relay that
+    sends what ``mangle`` makes of it; each message checked to have arrived once, in order."""
+    relay = sniffer(port, mangle)
+    a, _ = hosts("a")
+    b, _ = hosts("b")
+    with connected_stream(a, b, _keyed(port) + mtu, 12,
+                          publication_uri=_keyed(relay.port) + mtu) as (
+            publication, _, collector):
+        stream(publication, [collector], 3_000, size, timeout=60)
+        collector.assert_exactly(3_000)
+    return a, b
+
+
+def test_forged_frames_decrypted_into_the_term_ahead_of_the_stream_are_wiped(
+        hosts, sniffer) -> None:
+    """Every sealed datagram (one 4-8 KiB frame: long enough to be decrypted where it goes)
+    arrives after a forged copy whose frame names the term offset 32 bytes on (a bit of its
+    encrypted header flipped; where that bit is set, 32 back, behind what arrived): the
+    receiver decrypts such a copy straight into the term there, beyond what arrived, before
+    its tag fails.  Each is wiped from the term: the genuine frame lands over all but its
+    last 32 bytes, whose first word (the message's sequence number: sizes of 4 mod 32 put it
+    there) is where the next frame goes, and left behind would be taken for that frame.
+    The subscriber gets every message once, in order, each forgery counted."""
+    port = free_port()
+    forged = {"auth": 0}
+    flipped = SEALED_HEADER_LENGTH + TERM_OFFSET_FIELD  # the offset's low byte: bit 5, 32
+
+    def mangle(data: bytes) -> list[bytes]:
+        if int.from_bytes(data[12:14], "little") != EXT_TYPE_SEALED or \
+                len(data) <= SEALED_OVERHEAD + HEADER_LENGTH:
+            return [data]
+        changed = bytearray(data)
+        changed[flipped] ^= 0x20
+        forged["auth"] += 1
+        return [bytes(changed), data]
+
+    counted = drops(_relayed_stream(hosts, sniffer, port, mangle, "|mtu=8192",
+                                    lambda i: 4_100 + 32 * (i % 125))[1])
+    assert 0.95 * forged["auth"] <= counted["CRYPTO_AUTH_DROPS"] <= forged["auth"]
+    assert counted["CRYPTO_REPLAY_DROPS"] == 0
 
 
 def test_a_lost_and_a_repeated_handshake_answer_still_connect_and_lose_nothing(
@@ -226,13 +275,7 @@ def test_a_lost_and_a_repeated_handshake_answer_still_connect_and_lose_nothing(
         answers["seen"] += 1
         return [] if answers["seen"] <= 2 else [data, data]
 
-    relay = sniffer(port, mangle)
-    a, _ = hosts("a")
-    b, _ = hosts("b")
-    with connected_stream(a, b, _keyed(port), 12, publication_uri=_keyed(relay.port)) as (
-            publication, _, collector):
-        stream(publication, [collector], 3_000, lambda i: 100 + i % 1200, timeout=60)
-        collector.assert_exactly(3_000)
+    a, b = _relayed_stream(hosts, sniffer, port, mangle)
     assert answers["seen"] >= 3
     counted = counters_of(b)
     assert counted["CRYPTO_HANDSHAKES"] >= 1
@@ -385,10 +428,7 @@ def test_an_encrypted_multicast_stream_reaches_each_subscriber_driver_once(hosts
         subscriptions = [c.add_subscription(uri, 20) for c in clients[1:]]
         publication = clients[0].add_publication(uri + "|fc=min,g:/2", 20)
         connect(publication, *subscriptions)
-        collectors = [Collector(s) for s in subscriptions]
-        stream(publication, collectors, 10_000, lambda i: 100 + i % 1300, timeout=60)
-        for collector in collectors:
-            collector.assert_exactly(10_000)
+        stream_to_all(publication, subscriptions, 10_000, lambda i: 100 + i % 1300, timeout=60)
     finally:
         for client in clients:
             client.close()
@@ -418,10 +458,7 @@ def test_only_receivers_with_the_key_join_an_encrypted_dynamic_mdc_stream(
             f"aeron:udp?endpoint=127.0.0.1:{free_port()}|control={control}", 21)
         wait_for(lambda: all(s.images for s in subscriptions) and publication.is_connected,
                  timeout=10, what="both receivers joined")
-        collectors = [Collector(s) for s in subscriptions]
-        stream(publication, collectors, 10_000, lambda i: (32, 1376, 5000)[i % 3])
-        for collector in collectors:
-            collector.assert_exactly(10_000)
+        stream_to_all(publication, subscriptions, 10_000, lambda i: (32, 1376, 5000)[i % 3])
         wait_for(lambda: drops(sender)["CRYPTO_PLAIN_DROPS"] >= 3,
                  what="the outsider's status messages dropped")
         assert not plain.images
@@ -449,10 +486,7 @@ def test_a_manual_mdc_publication_seals_once_for_each_destination_it_was_given(
         for port in ports:
             publication.add_destination(f"aeron:udp?endpoint=127.0.0.1:{port}")
         connect(publication, *subscriptions)
-        collectors = [Collector(s) for s in subscriptions]
-        stream(publication, collectors, 5_000, lambda i: 100 + i % 1300)
-        for collector in collectors:
-            collector.assert_exactly(5_000)
+        stream_to_all(publication, subscriptions, 5_000, lambda i: 100 + i % 1300)
         assert mdc_destinations(sender) == 2
     finally:
         for client in clients:
@@ -472,10 +506,7 @@ def test_a_spy_reads_an_encrypted_publication_in_plain_text(hosts) -> None:
         publication = ca.add_publication(f"aeron:udp?endpoint={endpoint}|key=k", 22)
         spy = ca.add_subscription(f"aeron-spy:aeron:udp?endpoint={endpoint}", 22)
         connect(publication, subscription, spy)
-        collectors = [Collector(subscription), Collector(spy)]
-        stream(publication, collectors, 5_000, lambda i: 500)
-        for collector in collectors:
-            collector.assert_exactly(5_000)
+        stream_to_all(publication, [subscription, spy], 5_000, lambda i: 500)
         # The spy's URI names no key; its driver says the stream's, as the receiver's does.
         assert [image.channel_key for image in (*spy.images, *subscription.images)] == \
             ["k", "k"]
@@ -526,10 +557,13 @@ def test_forged_control_from_the_receivers_address_changes_nothing_at_the_publis
         finally:
             stop.set()
             forger.join()
+        # While the publication's endpoint is still there to take them: a loaded host's
+        # driver may still have the last forgeries in its socket when the stream ends.
+        dropped = lambda name: counters_of(a)[name] - before[name]  # noqa: E731
+        wait_for(lambda: dropped("CRYPTO_PLAIN_DROPS") >= 0.9 * 3 * sent[0]
+                 and dropped("CRYPTO_UNKNOWN_KEY_DROPS") >= 0.9 * sent[0], timeout=10,
+                 what="the forgeries sent counted as dropped")
     after = counters_of(a)
-    assert after["CRYPTO_PLAIN_DROPS"] - before["CRYPTO_PLAIN_DROPS"] >= 0.9 * 3 * sent[0]
-    assert after["CRYPTO_UNKNOWN_KEY_DROPS"] - before["CRYPTO_UNKNOWN_KEY_DROPS"] \
-        >= 0.9 * sent[0]
     assert sent[0] > 50
     assert after["NAK_MESSAGES_RECEIVED"] == before["NAK_MESSAGES_RECEIVED"]
     assert after["RETRANSMITS_SENT"] == before["RETRANSMITS_SENT"]

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import SEQUENCE, Collector, connect, free_port, message, stream, wait_for
+from helpers import IPC_CHANNEL, SEQUENCE, Collector, connect, free_port, message, stream, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -47,7 +47,6 @@ from slipstream.client.layout import (
 )
 from slipstream.client.logbuffer import LogBuffer, new_appender
 
-CHANNEL = "aeron:ipc"
 FIXTURE_OK = [HealthCheck.function_scoped_fixture]
 _STREAMS = itertools.count(5000)  # hypothesis runs every example in one driver
 
@@ -152,11 +151,11 @@ def test_the_last_term_ends_an_exclusive_stream_with_max_position_exceeded(shm: 
 # -- through a driver: sessions, images, the stream ------------------------------------------
 def test_two_exclusive_adds_are_two_sessions_and_a_shared_add_joins_neither(
         client: Client) -> None:
-    subscription = client.add_subscription(CHANNEL, 1101)
-    first = client.add_exclusive_publication(CHANNEL, 1101)
-    second = client.add_exclusive_publication(CHANNEL, 1101)
-    shared = client.add_publication(CHANNEL, 1101)
-    joined = client.add_publication(CHANNEL, 1101)
+    subscription = client.add_subscription(IPC_CHANNEL, 1101)
+    first = client.add_exclusive_publication(IPC_CHANNEL, 1101)
+    second = client.add_exclusive_publication(IPC_CHANNEL, 1101)
+    shared = client.add_publication(IPC_CHANNEL, 1101)
+    joined = client.add_publication(IPC_CHANNEL, 1101)
     assert isinstance(first, ExclusivePublication) and not isinstance(shared, ExclusivePublication)
     assert isinstance(first, Publication)
     assert len({first.session_id, second.session_id, shared.session_id}) == 3
@@ -165,7 +164,7 @@ def test_two_exclusive_adds_are_two_sessions_and_a_shared_add_joins_neither(
     wait_for(lambda: len(subscription.images) == 3)
     assert {i.session_id for i in subscription.images} == {
         first.session_id, second.session_id, shared.session_id}
-    late = client.add_subscription(CHANNEL, 1101)  # joins every publication of the stream
+    late = client.add_subscription(IPC_CHANNEL, 1101)  # joins every publication of the stream
     assert {i.session_id for i in late.images} == {
         first.session_id, second.session_id, shared.session_id}
     late.close()  # (it would hold every publisher back a window on)
@@ -193,17 +192,17 @@ def test_a_session_id_an_open_publication_of_the_stream_has_is_refused_by_name(
         client: Client) -> None:
     """Aeron's session clash: an exclusive publication never shares its session, nor does a
     shared one take an exclusive one's; another session, or another stream, is free."""
-    client.add_exclusive_publication(f"{CHANNEL}?session-id=4242", 1102)
+    client.add_exclusive_publication("aeron:ipc?session-id=4242", 1102)
     for add in (client.add_exclusive_publication, client.add_publication):
         with pytest.raises(ChannelError, match="session-id") as refused:
-            add(f"{CHANNEL}?session-id=4242", 1102)
+            add("aeron:ipc?session-id=4242", 1102)
         assert refused.value.part == "session-id"
-    assert client.add_exclusive_publication(f"{CHANNEL}?session-id=4243", 1102).session_id == 4243
-    assert client.add_exclusive_publication(f"{CHANNEL}?session-id=4242", 1103).session_id == 4242
-    shared = client.add_publication(f"{CHANNEL}?session-id=4244", 1102)
+    assert client.add_exclusive_publication("aeron:ipc?session-id=4243", 1102).session_id == 4243
+    assert client.add_exclusive_publication("aeron:ipc?session-id=4242", 1103).session_id == 4242
+    shared = client.add_publication("aeron:ipc?session-id=4244", 1102)
     with pytest.raises(ChannelError, match="session-id"):
-        client.add_exclusive_publication(f"{CHANNEL}?session-id=4244", 1102)
-    assert client.add_publication(f"{CHANNEL}?session-id=4244", 1102).session_id == \
+        client.add_exclusive_publication(f"{IPC_CHANNEL}?session-id=4244", 1102)
+    assert client.add_publication(f"{IPC_CHANNEL}?session-id=4244", 1102).session_id == \
         shared.session_id  # a shared add still joins
 
 
@@ -253,11 +252,11 @@ class _Reader:
 
 @contextlib.contextmanager
 def _exclusive_ipc_stream(client: Client) -> Iterator[tuple[ExclusivePublication, Subscription]]:
-    """An exclusive publication on CHANNEL and a subscription of it, on a stream of their
+    """An exclusive publication on IPC_CHANNEL and a subscription of it, on a stream of their
     own, connected: (publication, subscription); both closed at the end."""
     stream_id = next(_STREAMS)
-    subscription = client.add_subscription(CHANNEL, stream_id)
-    publication = client.add_exclusive_publication(CHANNEL, stream_id)
+    subscription = client.add_subscription(IPC_CHANNEL, stream_id)
+    publication = client.add_exclusive_publication(IPC_CHANNEL, stream_id)
     try:
         connect(publication, subscription)
         yield publication, subscription
@@ -344,8 +343,8 @@ def test_an_exclusive_publications_messages_arrive_exactly_once_and_in_order(
 
 
 def test_a_claim_commits_and_aborts_on_an_exclusive_publication(client: Client) -> None:
-    subscription = client.add_subscription(CHANNEL, 1105)
-    publication = client.add_exclusive_publication(CHANNEL, 1105)
+    subscription = client.add_subscription(IPC_CHANNEL, 1105)
+    publication = client.add_exclusive_publication(IPC_CHANNEL, 1105)
     connect(publication, subscription)
     got: list[tuple[bytes, int]] = []
 
@@ -385,7 +384,7 @@ def _publisher_limits(directory: Path) -> int:
 
 def _publish_and_hang(directory: str, uri: str, ready) -> None:
     client = Client.connect(directory)
-    for publication in (client.add_exclusive_publication(CHANNEL, 1107),
+    for publication in (client.add_exclusive_publication(IPC_CHANNEL, 1107),
                         client.add_exclusive_publication(uri, 1107)):
         publication.offer(b"nobody reads this")
     ready.set()
@@ -396,8 +395,8 @@ def test_closing_an_exclusive_publication_or_killing_its_client_frees_its_log(la
     driver = launch()
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
     with Client.connect(driver.directory) as client:
-        subscription = client.add_subscription(CHANNEL, 1106)
-        publication = client.add_exclusive_publication(CHANNEL, 1106)
+        subscription = client.add_subscription(IPC_CHANNEL, 1106)
+        publication = client.add_exclusive_publication(IPC_CHANNEL, 1106)
         network = client.add_exclusive_publication(uri, 1106)
         connect(publication, subscription)
         assert len(_logs(driver.directory)) == 2
@@ -544,7 +543,8 @@ def test_offer_block_refuses_a_block_that_is_not_whole_frames_of_its_own(client:
                 publication.offer_block(bad)
             assert refused.value.field == "block"
             assert publication.position == position
-        assert not hasattr(client.add_publication(CHANNEL, publication.stream_id), "offer_block")
+        shared = client.add_publication(IPC_CHANNEL, publication.stream_id)
+        assert not hasattr(shared, "offer_block")
         assert publication.offer_block(good) == position + len(good)
         reader = _Reader(subscription)
         wait_for(lambda: reader.poll(10) >= 0 and len(reader.seen) == 2, what="the block read")

@@ -72,7 +72,15 @@ SLOW = [(SLOW_HOST, SLOW_RATE)]
 
 def test_under_max_a_slow_subscriber_host_is_left_behind_told_and_goes_on(on_hosts) -> None:
     report = on_hosts("", messages=15_000, read_rates=SLOW)
-    assert others(report.missing) == [0, 0]
+    # A host that keeps up gets everything.  On a loaded machine another may fall behind the
+    # fastest too (its subscriber descheduled): under max it is then left behind as the slow
+    # one is, and told, its loss reported, never silent.
+    for host, missing, lost in zip((2, 4), others(report.missing), others(report.lost_ranges),
+                                   strict=True):
+        if missing:
+            assert lost and host_counters(report, host)["IMAGES_LEFT_BEHIND"] >= 1, \
+                report.format_text()
+    assert min(others(report.missing)) == 0, report.format_text()
     assert slow(report.missing) > 0 and slow(report.joined_late) == 0
     assert slow(report.lost_ranges), report.format_text()
     assert host_counters(report, SLOW_HOST)["IMAGES_LEFT_BEHIND"] >= 1

@@ -21,7 +21,16 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from noise.connection import NoiseConnection
-from sealed_wire import NOISE_NAME, nonce, open_sealed, prologue, read_captured_answer, traffic_key
+from sealed_wire import (
+    KEY_A,
+    KEY_B,
+    NOISE_NAME,
+    nonce,
+    open_sealed,
+    prologue,
+    read_captured_answer,
+    traffic_key,
+)
 
 from slipstream.client.counters import CountersFile, SystemCounter
 from slipstream.client.layout import (
@@ -46,8 +55,6 @@ from slipstream.daemon._network import lib as network
 from slipstream.daemon.media.sealing import Sealing
 from slipstream.daemon.protocol.types import sockaddr
 
-KEY = bytes(range(32))
-OTHER_KEY = bytes(range(1, 33))
 KEY_ID = 1
 PUBLISHER = sockaddr(("10.0.0.1", 40001))
 SUBSCRIBER = sockaddr(("10.0.0.2", 40002))
@@ -63,7 +70,7 @@ def counters(tmp_path: Path) -> CountersFile:
     return CountersFile.create(tmp_path / "counters.dat", 512)
 
 
-def endpoint(counters: CountersFile | None = None, key: bytes = KEY) -> Sealing:
+def endpoint(counters: CountersFile | None = None, key: bytes = KEY_A) -> Sealing:
     sealing = Sealing("k", counters)
     sealing.set_keys([(KEY_ID, key)])
     return sealing
@@ -122,7 +129,7 @@ def test_the_exchange_is_noise_nnpsk0_as_an_independent_implementation_makes_it(
     exchange_id = 0x1122334455667788
     initiator = NoiseConnection.from_name(NOISE_NAME)
     initiator.set_as_initiator()
-    initiator.set_psks(psk=KEY)
+    initiator.set_psks(psk=KEY_A)
     initiator.set_prologue(prologue(KEY_ID, exchange_id, 0))
     initiator.start_handshake()
     message = initiator.write_message(struct.pack("<Q", int(time.time() * 1000)))  # its clock
@@ -155,7 +162,7 @@ def test_the_exchange_is_noise_nnpsk0_as_an_independent_implementation_makes_it(
 
 
 def test_an_init_made_without_the_key_gets_no_answer_and_is_counted(counters) -> None:
-    publisher, outsider = endpoint(counters), endpoint(key=OTHER_KEY)
+    publisher, outsider = endpoint(counters), endpoint(key=KEY_B)
     outsider.open(publisher.seal(b"x"), PUBLISHER)
     [(init, _)] = outsider.take_handshakes()
     assert publisher.open(init, SUBSCRIBER) == REFUSED
@@ -185,7 +192,7 @@ def test_a_replayed_init_gets_the_same_answer_which_opens_nowhere_else(counters)
     assert counters.get(SystemCounter.CRYPTO_HANDSHAKE_UNMATCHED_DROPS) == 1
     thief = NoiseConnection.from_name(NOISE_NAME)
     thief.set_as_initiator()
-    thief.set_psks(psk=KEY)
+    thief.set_psks(psk=KEY_A)
     thief.set_prologue(prologue(KEY_ID, struct.unpack_from("<Q", init, 16)[0], 0))
     thief.start_handshake()
     thief.write_message(b"")
@@ -288,11 +295,11 @@ def test_the_key_and_a_capture_open_nothing_once_the_sessions_are_gone() -> None
     secret_message = b"the payload no one else reads"
     sealed = publisher.seal(secret_message)
     assert subscriber.open(sealed, PUBLISHER) == secret_message
-    for ikm in (KEY, init[32:64], answer[24:56]):  # the key, either ephemeral public key
+    for ikm in (KEY_A, init[32:64], answer[24:56]):  # the key, either ephemeral public key
         with pytest.raises(InvalidTag):
             open_sealed(sealed, ikm)
     with pytest.raises(InvalidTag):
-        read_captured_answer(KEY, init, answer)
+        read_captured_answer(KEY_A, init, answer)
     assert secret_message not in b"".join([*wire, sealed])
 
 
@@ -440,7 +447,7 @@ def test_a_multicast_receiver_flooded_with_forged_ids_still_gets_its_session(cou
     publication's answer gives the receiver its real session."""
     publisher, receiver = endpoint(), endpoint()
     receiver.set_handshake_address(sockaddr(("224.0.1.2", 40001)))  # its control group
-    forger = endpoint(key=OTHER_KEY)
+    forger = endpoint(key=KEY_B)
 
     def forged() -> int:
         return receiver.open(forger.seal(b"forged"), PUBLISHER)
@@ -474,7 +481,7 @@ def test_forged_datagrams_from_more_sources_than_slots_delay_no_real_session(cou
     The real publisher's next datagram still starts an exchange at once (the oldest waiting
     one gives way), and its session follows."""
     publisher, subscriber = endpoint(), endpoint(counters)
-    forger = endpoint(key=OTHER_KEY)
+    forger = endpoint(key=KEY_B)
     for port in range(33):
         assert subscriber.open(forger.seal(b"forged"), sockaddr(("10.0.9.9", 50000 + port))) \
             == AWAITING
@@ -515,7 +522,7 @@ def test_an_endpoint_starts_at_most_64_new_exchanges_a_second(counters) -> None:
     """Each exchange an endpoint starts costs it an X25519 key before anything is verified:
     sealed datagrams of new ids from 80 spoofed sources within one second start 64, the rest
     counted; the next second starts exchanges again."""
-    subscriber, forger = endpoint(counters), endpoint(key=OTHER_KEY)
+    subscriber, forger = endpoint(counters), endpoint(key=KEY_B)
     second = int(time.monotonic())
     while int(time.monotonic()) != second + 1:  # all within one second of the clock
         time.sleep(0.005)

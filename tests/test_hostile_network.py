@@ -31,6 +31,8 @@ from typing import Any
 import pytest
 from helpers import udp_receive_drops
 from hostile import LegitStream, attack
+from sealed_wire import KEY_A
+from test_encrypted_streams import write_keys
 
 from slipstream.daemon.config import DriverSettings
 from slipstream.sim.real.hosts import NamespaceHosts
@@ -44,18 +46,17 @@ SESSION = 424242
 TERM_ID = 1000
 TERM_LENGTH = 1 << 20
 RATE = 2000
-KEY = bytes(range(32)).hex()
 #: A publication with no status message for this long counts its receivers gone, s (the
 #: drivers run with the defaults).
 CONNECTION_TIMEOUT_S = DriverSettings().publication_connection_timeout / 1e9
 
 
-def _keys(tmp_path: Path) -> dict[str, Any]:
+def _keyed_drivers(segment: NamespaceHosts, tmp_path: Path) -> tuple[Any, Any]:
+    """Drivers on hosts 1 (the publisher's) and 2 (the subscriber's) holding key ``k``."""
     keys = tmp_path / "keys"
-    keys.mkdir(mode=0o750)
-    (keys / "k.key").write_text(f"1 {KEY}\n")
-    (keys / "k.key").chmod(0o640)
-    return {"keys_dir": str(keys)}
+    write_keys(keys, "k", [(1, KEY_A)])
+    return (segment.start_driver(1, keys_dir=str(keys)),
+            segment.start_driver(2, keys_dir=str(keys)))
 
 
 def _drops(directory: Path) -> dict[str, int]:
@@ -73,9 +74,7 @@ def segment():
 
 def test_an_encrypted_stream_delivers_every_message_once_through_every_attack(
         segment: NamespaceHosts, tmp_path: Path) -> None:
-    settings = _keys(tmp_path)
-    publisher = segment.start_driver(1, **settings)
-    subscriber = segment.start_driver(2, **settings)
+    publisher, subscriber = _keyed_drivers(segment, tmp_path)
     one, two, attacker = segment[1].address, segment[2].address, segment[3]
     start = f"session-id={SESSION}|init-term-id={TERM_ID}|term-id={TERM_ID}|term-offset=0"
     stream = LegitStream(
@@ -90,7 +89,9 @@ def test_an_encrypted_stream_delivers_every_message_once_through_every_attack(
     began = stream.start()
     time.sleep(4.0)  # quiet: the rate to compare with
     attacks_began = time.monotonic() - began
-    unread_before = [udp_receive_drops(segment[i]) for i in (1, 2)]
+    # The publisher's control port takes the forged control, the subscriber's port the rest.
+    unread_before = [udp_receive_drops(segment[i], port)
+                     for i, port in ((1, CONTROL_PORT), (2, PORT))]
     sent = {
         "setups, 128 MiB terms": attack(attacker, "setup-flood", target=f"{two}:{PORT}",
                                         stream_id=STREAM, term_length=128 << 20, rate=10,
@@ -116,8 +117,9 @@ def test_an_encrypted_stream_delivers_every_message_once_through_every_attack(
     # What each host's kernel dropped unread (a full receive buffer on a loaded machine):
     # datagrams no driver saw, so none it could count.
     unread_at_publisher, unread_at_subscriber = (
-        udp_receive_drops(segment[i]) - before for i, before in zip((1, 2), unread_before,
-                                                                     strict=True))
+        udp_receive_drops(segment[i], port) - before
+        for (i, port), before in zip(((1, CONTROL_PORT), (2, PORT)), unread_before,
+                                     strict=True))
     assert attacks_ended < 38, f"the attacks took {attacks_ended:.1f} s of the stream's 40"
     report = stream.report()
 
@@ -151,9 +153,7 @@ def test_an_encrypted_stream_delivers_every_message_once_through_every_attack(
 
 def test_an_encrypted_dynamic_mdc_stream_reflects_nothing_to_forged_joins(
         segment: NamespaceHosts, tmp_path: Path) -> None:
-    settings = _keys(tmp_path)
-    publisher = segment.start_driver(1, **settings)
-    subscriber = segment.start_driver(2, **settings)
+    publisher, subscriber = _keyed_drivers(segment, tmp_path)
     one, two, attacker = segment[1].address, segment[2].address, segment[3]
     attacker.run("iptables", "-A", "INPUT", "-p", "udp", "--dport", "20000:20199", "-j", "DROP")
     stream = LegitStream(
@@ -165,14 +165,14 @@ def test_an_encrypted_dynamic_mdc_stream_reflects_nothing_to_forged_joins(
     began = stream.start()
     time.sleep(3.0)
     attacks_began = time.monotonic() - began
-    unread_before = udp_receive_drops(segment[1])
+    unread_before = udp_receive_drops(segment[1], CONTROL_PORT)
     own = attack(attacker, "status-flood", control=f"{one}:{CONTROL_PORT}", stream_id=STREAM,
                  count=160, seconds=2, listen_s=1.0)
     spoofed = attack(attacker, "status-flood", control=f"{one}:{CONTROL_PORT}",
                      stream_id=STREAM, count=1600, seconds=4, spoof_host=attacker.address,
                      spoof_ports=200)
     attacks_ended = time.monotonic() - began
-    unread = udp_receive_drops(segment[1]) - unread_before
+    unread = udp_receive_drops(segment[1], CONTROL_PORT) - unread_before
     report = stream.report()
     rules = attacker.run("iptables", "-L", "INPUT", "-v", "-x", "-n").stdout
     reflected = sum(int(line.split()[1]) for line in rules.splitlines()

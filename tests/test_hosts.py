@@ -19,6 +19,7 @@ from helpers import (
     counters_of,
     message,
     stream,
+    stream_to_all,
     wait_for,
 )
 
@@ -87,10 +88,7 @@ def test_multicast_to_four_hosts_under_random_loss(hosts, loss: float) -> None:
             publication = a.add_publication(
                 f"aeron:udp?endpoint={group}|interface={hosts[1].address}|fc=min,g:/4", 2)
             connect(publication, *subscriptions)
-            collectors = [Collector(s) for s in subscriptions]
-            stream(publication, collectors, 5000, lambda i: 100 + i % 1000, timeout=150)
-            for collector in collectors:
-                collector.assert_exactly(5000)
+            stream_to_all(publication, subscriptions, 5000, lambda i: 100 + i % 1000, timeout=150)
         finally:
             for client in clients:
                 client.close()

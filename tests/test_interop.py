@@ -520,9 +520,9 @@ def test_a_stock_aeron_sender_under_min_or_preferred_holds_to_a_slow_slipstream_
     """Aeron 1.15.1's MinMulticastFlowControl, or its PreferredMulticastFlowControl with the
     slow receiver tagged (chosen per driver there), reads slipstream's status messages as its
     own receivers': two slipstream drivers receive, one whose subscriber takes 4,000 messages a
-    second (under preferred the only one with ``gtag=``), and both get all 12,000, once, in
-    order.  (Under Aeron's default max the slow one falls half a 256 KiB term behind within
-    0.1 s.)"""
+    second (under preferred the only one with ``gtag=``), and both get all 12,000 from where
+    they joined, once, in order.  (Under Aeron's default max the slow one falls half a 256 KiB
+    term behind within 0.1 s.)"""
     require_aeron()
     uri, messages = channel("multicast"), 12_000
     other_dir = driver_dir.parent / (driver_dir.name + "-b")
@@ -543,8 +543,9 @@ def test_a_stock_aeron_sender_under_min_or_preferred_holds_to_a_slow_slipstream_
         seen: tuple[list[int], list[int]] = ([], [])
         deadline = time.monotonic() + 60
         start: float | None = None
-        while len(seen[0]) < messages or len(seen[1]) < messages:
-            assert time.monotonic() < deadline, f"{[len(s) for s in seen]} of {messages}"
+        while not all(s and s[-1] == messages - 1 for s in seen):
+            assert time.monotonic() < deadline, (
+                f"{[len(s) for s in seen]} of {messages}, from {[s[:1] for s in seen]}")
             fast.poll(lambda data, _h: seen[0].append(INDEX.unpack_from(data)[0]), 1000)
             if slow.images and start is None:
                 start = time.monotonic()
@@ -554,7 +555,14 @@ def test_a_stock_aeron_sender_under_min_or_preferred_holds_to_a_slow_slipstream_
                           min(100, allowed - len(seen[1])))
             time.sleep(0.0002)
         publisher.join(30)
-        assert seen[0] == list(range(messages)) and seen[1] == list(range(messages))
+        # Aeron's sender sends once one receiver has connected: the other joins where the
+        # stream is when its image is made, the start on a quiet host, later on a loaded one.
+        # From there each gets every message, once, in order: the sender held to both.
+        assert min(s[0] for s in seen) == 0
+        # The slow subscriber read at least a second at its pace: the sender waited for it.
+        assert len(seen[1]) >= 4000, (seen[1][0], len(seen[1]))
+        for got in seen:
+            assert got == list(range(got[0], messages)), (got[0], len(got))
         assert counter(slow_driver, SystemCounter.IMAGES_LEFT_BEHIND) == 0
 
 

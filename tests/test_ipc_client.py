@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import offer_until, voluntary_switches, wait_for
+from helpers import IPC_CHANNEL, offer_until, voluntary_switches, wait_for
 
 from slipstream.client import (
     BACK_PRESSURED,
@@ -36,9 +36,6 @@ from slipstream.client.image import Image
 from slipstream.client.layout import INT32_MAX, INT32_MIN
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.daemon.driver import MediaDriver
-
-CHANNEL = "aeron:ipc"
-WINDOW = 32 * 1024  # 64 KiB IPC terms in the test driver: the window is half a term
 
 
 def test_image_is_still_importable_from_the_subscription_module() -> None:
@@ -73,7 +70,7 @@ def test_the_time_a_command_takes_counts_in_the_conductors_max_cycle_time(
             waited.append(time.monotonic() - started)
 
     monkeypatch.setattr(client._conductor, "_request", timed_request)
-    publication = client.add_publication(CHANNEL + "?term-length=64m", 1018)
+    publication = client.add_publication(IPC_CHANNEL + "?term-length=64m", 1018)
     longest = read_system_counters(driver.directory)[SystemCounter.CONDUCTOR_MAX_CYCLE_TIME_NS]
     publication.close()
     assert longest >= waited[0] * 1e9 / 2, (longest, waited)
@@ -89,8 +86,8 @@ def test_a_loop_that_retries_at_once_parks_after_the_clients_spins(
     starts it again.  None never waits."""
     misses = 200
     with Client.connect(driver.directory, spins_before_yield=spins) as client:
-        publication = client.add_publication(CHANNEL, 1019)  # nobody subscribes: no credit
-        subscription = client.add_subscription(CHANNEL, 1020)  # nobody publishes: nothing
+        publication = client.add_publication(IPC_CHANNEL, 1019)  # nobody subscribes: no credit
+        subscription = client.add_subscription(IPC_CHANNEL, 1020)  # nobody publishes: nothing
         message = bytes(32)
         loops = {
             "offer": (lambda: publication.offer(message),
@@ -109,7 +106,7 @@ def test_a_loop_that_retries_at_once_parks_after_the_clients_spins(
             spent[name] = (time.monotonic() - wall, voluntary_switches() - slept,
                            waits() - waited)
         # Credit starts the count again: the next misses spin first.
-        peer = client.add_subscription(CHANNEL, 1019)
+        peer = client.add_subscription(IPC_CHANNEL, 1019)
         wait_for(lambda: publication.is_connected, timeout=5, what="connected")
         assert publication.offer(message) > 0
         waited = publication.offer.__self__.yields
@@ -141,9 +138,9 @@ def test_a_loop_serving_two_streams_waits_only_when_neither_has_work(
     messages start the thread's count again at each turn, so the idle one's polls never
     wait; once both are idle, the thread's polls wait."""
     with Client.connect(driver.directory) as client:
-        idle = client.add_subscription(CHANNEL, 1022)
-        busy = client.add_subscription(CHANNEL, 1023)
-        publication = client.add_publication(CHANNEL, 1023)
+        idle = client.add_subscription(IPC_CHANNEL, 1022)
+        busy = client.add_subscription(IPC_CHANNEL, 1023)
+        publication = client.add_publication(IPC_CHANNEL, 1023)
         wait_for(lambda: busy.images and publication.is_connected, what="connected")
         sent = 0
         while publication.offer(bytes(32)) > 0:  # what the window holds
@@ -176,8 +173,8 @@ def test_a_parked_loop_wakes_when_its_credit_or_data_comes(
     monkeypatch.setattr(idle, "IDLE_PARK_NS", park_ns)
     monkeypatch.setattr(publication_module, "IDLE_PARK_NS", park_ns)
     with Client.connect(driver.directory) as client:
-        publication = client.add_publication(CHANNEL, 1021)
-        subscription = client.add_subscription(CHANNEL, 1021)
+        publication = client.add_publication(IPC_CHANNEL, 1021)
+        subscription = client.add_subscription(IPC_CHANNEL, 1021)
         wait_for(lambda: publication.is_connected and subscription.images, what="connected")
         got: list[bytes] = []
 
@@ -238,11 +235,11 @@ def test_bad_arguments_are_refused_by_name_before_anything_is_sent(
         with pytest.raises(InvalidArgumentError, match=r"^idle_spin_ns: "):
             Client.connect(driver.directory, idle_spin_ns=bad)
     with pytest.raises(InvalidArgumentError, match=r"^on_available_image: 3 is not callable"):
-        client.add_subscription(CHANNEL, 29, on_available_image=3)
+        client.add_subscription(IPC_CHANNEL, 29, on_available_image=3)
     with pytest.raises(InvalidArgumentError, match=r"^on_back_pressure: "):
-        client.add_publication(CHANNEL, 29, on_back_pressure=5)
-    publication = client.add_publication(CHANNEL, 29)
-    subscription = client.add_subscription(CHANNEL, 29)
+        client.add_publication(IPC_CHANNEL, 29, on_back_pressure=5)
+    publication = client.add_publication(IPC_CHANNEL, 29)
+    subscription = client.add_subscription(IPC_CHANNEL, 29)
     for bad in (-1, float("nan"), "1"):
         with pytest.raises(InvalidArgumentError, match=r"^timeout: "):
             subscription.receive(lambda data, header: None, 10, timeout=bad)
@@ -338,8 +335,8 @@ def test_an_image_kept_after_its_subscription_closed_reads_nothing_and_never_cra
     poll and poll_batch find nothing and is_end_of_stream answers as it was (they used to
     read the unmapped log and kill the process with SIGSEGV); peek and available_position
     raise ClosedError."""
-    publication = client.add_publication(CHANNEL, 1018)
-    subscription = client.add_subscription(CHANNEL, 1018)
+    publication = client.add_publication(IPC_CHANNEL, 1018)
+    subscription = client.add_subscription(IPC_CHANNEL, 1018)
     wait_for(lambda: publication.is_connected and subscription.images, what="the image")
     offer_until(publication, b"one")
     image = subscription.images[0]
@@ -465,8 +462,8 @@ def test_a_handler_that_keeps_its_arguments_keeps_each_messages_own(client: Clie
         def __init__(self, *args: object) -> None:
             kept.append(self)
 
-    publication = client.add_publication(CHANNEL, 1040)
-    subscription = client.add_subscription(CHANNEL, 1040)
+    publication = client.add_publication(IPC_CHANNEL, 1040)
+    subscription = client.add_subscription(IPC_CHANNEL, 1040)
     wait_for(lambda: publication.is_connected and subscription.images, what="connected")
     messages = [f"message {i}".encode() for i in range(25)]
     for message in messages:
@@ -482,9 +479,9 @@ def test_a_handler_that_keeps_its_arguments_keeps_each_messages_own(client: Clie
 def test_a_subscription_finds_its_image_by_session_id(client: Client) -> None:
     """Two exclusive publications of one stream are two sessions: each image is found by its
     session id, and a session that has no image finds none."""
-    subscription = client.add_subscription(CHANNEL, 71)
-    first = client.add_exclusive_publication(CHANNEL, 71)
-    second = client.add_exclusive_publication(CHANNEL, 71)
+    subscription = client.add_subscription(IPC_CHANNEL, 71)
+    first = client.add_exclusive_publication(IPC_CHANNEL, 71)
+    second = client.add_exclusive_publication(IPC_CHANNEL, 71)
     wait_for(lambda: len(subscription.images) == 2, what="both images")
     for publication in (first, second):
         image = subscription.image_by_session_id(publication.session_id)

@@ -11,7 +11,7 @@ from array import array
 from pathlib import Path
 
 import pytest
-from helpers import FAST_DRIVER_SETTINGS, counters_of, offer_until, wait_for
+from helpers import FAST_DRIVER_SETTINGS, IPC_CHANNEL, counters_of, offer_until, wait_for
 
 from slipstream.client import (
     BACK_PRESSURED,
@@ -28,13 +28,10 @@ from slipstream.client.counters import (
 )
 from slipstream.daemon.driver import MediaDriver
 
-CHANNEL = "aeron:ipc"
-WINDOW = 32 * 1024  # 64 KiB IPC terms in the test driver: the window is half a term
-
 
 def test_closed_publication_returns_closed_and_never_touches_its_log(client: Client) -> None:
-    publication = client.add_publication(CHANNEL, 1010)
-    client.add_subscription(CHANNEL, 1010)
+    publication = client.add_publication(IPC_CHANNEL, 1010)
+    client.add_subscription(IPC_CHANNEL, 1010)
     wait_for(lambda: publication.is_connected)
     offer_until(publication, b"one")
     position = publication.position
@@ -55,8 +52,8 @@ def test_the_image_goes_when_the_last_publisher_leaves(client: Client) -> None:
         gone.append(image.session_id)
         kept.append(image)
 
-    subscription = client.add_subscription(CHANNEL, 1011, on_unavailable_image=went)
-    publication = client.add_publication(CHANNEL, 1011)
+    subscription = client.add_subscription(IPC_CHANNEL, 1011, on_unavailable_image=went)
+    publication = client.add_publication(IPC_CHANNEL, 1011)
     wait_for(lambda: publication.is_connected)
     offer_until(publication, b"last words")
     session_id = publication.session_id
@@ -73,10 +70,10 @@ def test_the_image_goes_when_the_last_publisher_leaves(client: Client) -> None:
 
 
 @pytest.mark.parametrize("subscription_channel", [
-    CHANNEL,
+    IPC_CHANNEL,
     # Untethered, and a window behind for longer than its window limit timeout: it was left
     # behind while the log drained, and lost it all the same.
-    f"{CHANNEL}?tether=false|untethered-window-limit-timeout=1s",
+    f"{IPC_CHANNEL}?tether=false|untethered-window-limit-timeout=1s",
 ])
 def test_a_subscriber_that_reads_lingers_after_the_last_publisher_left_gets_it_all(
         driver, client: Client, subscription_channel: str) -> None:
@@ -109,7 +106,7 @@ def test_linger_on_an_ipc_publication_is_warned_of(client: Client) -> None:
 
 def _subscribe_and_hang(directory: str, stream_id: int, ready) -> None:
     client = Client.connect(directory)
-    subscription = client.add_subscription(CHANNEL, stream_id)
+    subscription = client.add_subscription(IPC_CHANNEL, stream_id)
     while not subscription.images:
         time.sleep(0.01)
     ready.set()
@@ -120,8 +117,8 @@ def test_a_killed_subscriber_stops_holding_back_the_publisher(driver) -> None:
     context = multiprocessing.get_context("spawn")
     ready = context.Event()
     with Client.connect(driver.directory) as client:
-        publication = client.add_publication(CHANNEL, 1012)
-        live = client.add_subscription(CHANNEL, 1012)
+        publication = client.add_publication(IPC_CHANNEL, 1012)
+        live = client.add_subscription(IPC_CHANNEL, 1012)
         victim = context.Process(target=_subscribe_and_hang,
                                  args=(str(driver.directory), 1012, ready))
         victim.start()
@@ -147,7 +144,7 @@ def test_a_killed_subscriber_stops_holding_back_the_publisher(driver) -> None:
 
 def _claim_and_die(directory: str, stream_id: int, ready) -> None:
     client = Client.connect(directory)
-    publication = client.add_publication(CHANNEL, stream_id)
+    publication = client.add_publication(IPC_CHANNEL, stream_id)
     while not publication.is_connected:
         time.sleep(0.01)
     claim = BufferClaim()
@@ -172,8 +169,8 @@ def _offer_behind_a_dead_claim(driver, publication, stream_id: int, message: byt
 
 def test_a_publisher_killed_between_claim_and_commit_is_unblocked(driver) -> None:
     with Client.connect(driver.directory) as client:
-        subscription = client.add_subscription(CHANNEL, 1013)
-        publication = client.add_publication(CHANNEL, 1013)
+        subscription = client.add_subscription(IPC_CHANNEL, 1013)
+        publication = client.add_publication(IPC_CHANNEL, 1013)
         _offer_behind_a_dead_claim(driver, publication, 1013, b"behind the claim")
         got: list[bytes] = []
         assert subscription.poll(lambda d, h: got.append(bytes(d)), 10) == 0  # blocked
@@ -189,9 +186,9 @@ def test_a_blocked_claim_is_unblocked_while_a_slow_subscriber_lags_behind_it(dri
     """The fastest subscriber is the one held at the dead claim; a slow one that has not read
     what came before it must not stop the unblock (Aeron unblocks at the fastest)."""
     with Client.connect(driver.directory) as client:
-        fast = client.add_subscription(CHANNEL, 1014)
-        slow = client.add_subscription(CHANNEL, 1014)  # never polled until the end
-        publication = client.add_publication(CHANNEL, 1014)
+        fast = client.add_subscription(IPC_CHANNEL, 1014)
+        slow = client.add_subscription(IPC_CHANNEL, 1014)  # never polled until the end
+        publication = client.add_publication(IPC_CHANNEL, 1014)
         for i in range(10):
             offer_until(publication, f"before {i}".encode())
         _offer_behind_a_dead_claim(driver, publication, 1014, b"behind the claim")
@@ -224,8 +221,8 @@ def test_a_second_publisher_asking_for_another_log_or_session_is_refused_by_name
 
 def test_a_commit_after_the_driver_gave_the_claim_up_says_so_and_does_not_block(
         client: Client) -> None:
-    subscription = client.add_subscription(CHANNEL, 1016)
-    publication = client.add_publication(CHANNEL, 1016)
+    subscription = client.add_subscription(IPC_CHANNEL, 1016)
+    publication = client.add_publication(IPC_CHANNEL, 1016)
     # The driver links the subscriber on its own cycle: a claim before that is NOT_CONNECTED.
     wait_for(lambda: publication.is_connected, what="the subscriber linked")
     claim = BufferClaim()
@@ -252,9 +249,9 @@ def test_an_image_handler_that_raises_is_logged_and_the_client_lives_on(
     def broken(image: object) -> None:
         raise ValueError("a bug in the application")
 
-    subscription = client.add_subscription(CHANNEL, 1017, on_available_image=broken,
+    subscription = client.add_subscription(IPC_CHANNEL, 1017, on_available_image=broken,
                                            on_unavailable_image=broken)
-    publication = client.add_publication(CHANNEL, 1017)
+    publication = client.add_publication(IPC_CHANNEL, 1017)
     wait_for(lambda: subscription.images, what="the image")
     time.sleep(2.5)  # past the test driver's 1 s client liveness timeout: keepalives went on
     offer_until(publication, b"alive")
@@ -277,11 +274,11 @@ def test_an_image_handler_that_raises_is_logged_and_the_client_lives_on(
 def _close_while_offering(directory: str, rounds: int) -> None:
 
     with Client.connect(directory) as client:
-        subscription = client.add_subscription(CHANNEL, 1018)
+        subscription = client.add_subscription(IPC_CHANNEL, 1018)
         lengths = array("i", [1000] * 8192)  # 8 MiB per call: milliseconds inside C
         data = bytes(1000 * 8192)
         for _ in range(rounds):
-            publication = client.add_publication(f"{CHANNEL}?term-length=16m", 1018)
+            publication = client.add_publication(f"{IPC_CHANNEL}?term-length=16m", 1018)
             results: list[int] = []
 
             def offer_batches(publication=publication, results=results) -> None:
@@ -313,7 +310,7 @@ def test_closing_a_publication_while_another_thread_offers_never_faults(driver) 
 
 def _publish_sequence(directory: str, stream_id: int, count: int) -> None:
     with Client.connect(directory) as client:
-        publication = client.add_publication(CHANNEL, stream_id)
+        publication = client.add_publication(IPC_CHANNEL, stream_id)
         for i in range(count):
             message = i.to_bytes(8, "little") * 4
             while publication.offer(message) < 0:
@@ -324,7 +321,7 @@ def test_a_stream_between_two_processes_loses_and_reorders_nothing(driver) -> No
     count = 200_000
     context = multiprocessing.get_context("spawn")
     with Client.connect(driver.directory) as client:
-        subscription = client.add_subscription(CHANNEL, 1014)
+        subscription = client.add_subscription(IPC_CHANNEL, 1014)
         publisher = context.Process(target=_publish_sequence,
                                     args=(str(driver.directory), 1014, count))
         publisher.start()

@@ -7,7 +7,7 @@ import multiprocessing
 import time
 
 import pytest
-from helpers import connected_ipc, offer_until
+from helpers import IPC_CHANNEL, connected_ipc, offer_until
 
 from slipstream.client import (
     BACK_PRESSURED,
@@ -16,9 +16,6 @@ from slipstream.client import (
     ClosedError,
     InvalidArgumentError,
 )
-
-CHANNEL = "aeron:ipc"
-WINDOW = 32 * 1024  # 64 KiB IPC terms in the test driver: the window is half a term
 
 
 def _read_range(log_path: str, start: int, end: int, out) -> None:
@@ -116,8 +113,8 @@ def test_peek_at_overwritten_data_is_data_loss(client: Client) -> None:
 
 def test_a_batch_whose_lengths_exceed_its_data_is_refused(client: Client) -> None:
 
-    publication = client.add_publication(CHANNEL, 1017)
-    client.add_subscription(CHANNEL, 1017)
+    publication = client.add_publication(IPC_CHANNEL, 1017)
+    client.add_subscription(IPC_CHANNEL, 1017)
     with pytest.raises(InvalidArgumentError, match="add up to 96 bytes"):
         publication.offer_batch(b"x" * 64, [32, 32, 32])
     # A negative length is named as such, not as a message too long.

@@ -86,7 +86,7 @@ def assert_reachable_memory_is_clean(publication: IpcPublication, counters: Coun
         dirty = [o for o in range(offset, stop + 1, FRAME_ALIGNMENT) if words[o // 4] != 0]
         assert not dirty, (f"partition {index} holds old frames at offsets {dirty[:4]} that a "
                            f"publisher may reach (tail {producer}, limit {limit}, "
-                           f"cleaned to {publication.clean_position})")
+                           f"cleaned to {publication.cleaner.position})")
         position += term_length - offset
 
 
@@ -141,7 +141,7 @@ def test_a_subscriber_never_reads_old_frames_while_cleaning_lags(
                     break
             assert image.position <= publication.log.producer_position(), "read past the tail"
             stalled_cycles = stalled_cycles + 1 if producer == image.position else 0
-            assert stalled_cycles < 1000, f"stuck at {producer}: {publication.clean_position=}"
+            assert stalled_cycles < 1000, f"stuck at {producer}: {publication.cleaner.position=}"
         assert received == next_sequence
     finally:
         publication.close()
@@ -160,13 +160,13 @@ def test_cleaning_is_bounded_per_duty_cycle_and_asks_for_the_next_at_once(shm: P
         counters.set(subscriber.counter_id, 3 * term_length)
         cycles = 0
         while True:
-            before = publication.clean_position
+            before = publication.cleaner.position
             publication.update_limits(now_ns=0)
             cycles += 1
-            assert publication.clean_position - before <= chunk
-            if not publication.is_cleaning_behind:
+            assert publication.cleaner.position - before <= chunk
+            if not publication.cleaner.is_behind:
                 break
-        assert publication.clean_position == 2 * term_length
+        assert publication.cleaner.position == 2 * term_length
         assert cycles == 2 * term_length // chunk
     finally:
         publication.close()
@@ -186,7 +186,7 @@ def test_a_subscriber_position_past_the_producer_is_taken_at_the_producer(shm: P
         for _ in range(64):
             publication.update_limits(now_ns=0)
         assert publication.consumer_position() == term_length
-        assert publication.clean_position <= term_length
+        assert publication.cleaner.position <= term_length
         assert counters.get(publication.publisher_limit_id) == term_length + term_length // 2
         assert publication.is_consumed()
         counters.set(subscriber.counter_id, -4096)
@@ -206,10 +206,10 @@ def test_a_lagging_cleaner_stops_asking_for_cycles_when_the_last_subscriber_leav
         move_producer(publication, 3 * term_length)
         counters.set(subscriber.counter_id, 3 * term_length)
         publication.update_limits(now_ns=0)
-        assert publication.is_cleaning_behind
+        assert publication.cleaner.is_behind
         publication.remove_subscriber(7)
         publication.update_limits(now_ns=0)
-        assert not publication.is_cleaning_behind  # or the driver would cycle forever
+        assert not publication.cleaner.is_behind  # or the driver would cycle forever
     finally:
         publication.close()
         counters.close()

@@ -445,17 +445,24 @@ def test_a_crashed_drivers_kept_files_are_removed_by_the_next_driver(shm: Path) 
         held.close()
 
 
-def test_the_pool_hands_out_only_a_file_of_the_length_asked(shm: Path) -> None:
-    """A kept file of another length is not taken; one of the length is, under the new
-    name, its terms zero, and the log made in it is byte for byte a fresh log's."""
+def a_kept_log(shm: Path) -> tuple[LogPool, Path]:
+    """A pool in ``shm``, and a log file of a stream written in ``shm`` and closed, for the
+    pool to keep: (the pool, the file's path once the pool keeps it)."""
     folder = shm / control.RELEASED_LOGS_DIR
     folder.mkdir()
     pool = LogPool(folder, 1 << 30, 10**10)
     log = LogBuffer.create(shm / "7.logbuffer", term_length=TERM, initial_term_id=3,
                            session_id=1, stream_id=2, mtu=1408, correlation_id=7)
     log.term_view(1)[:5] = b"hello"
-    path = log.path
     log.close()
+    return pool, folder / log.path.name
+
+
+def test_the_pool_hands_out_only_a_file_of_the_length_asked(shm: Path) -> None:
+    """A kept file of another length is not taken; one of the length is, under the new
+    name, its terms zero, and the log made in it is byte for byte a fresh log's."""
+    pool, kept = a_kept_log(shm)
+    path = shm / kept.name
     assert pool.keep(path)
     assert not path.exists() and pool.count == 1
     assert not pool.take(shm / "8.logbuffer", compute_log_length(2 * TERM))
@@ -468,20 +475,6 @@ def test_the_pool_hands_out_only_a_file_of_the_length_asked(shm: Path) -> None:
     LogBuffer.create(shm / "8.logbuffer", reused=True, **made).close()
     LogBuffer.create(shm / "9.logbuffer", **made).close()
     assert (shm / "8.logbuffer").read_bytes() == (shm / "9.logbuffer").read_bytes()
-
-
-def a_kept_log(shm: Path) -> tuple[LogPool, Path]:
-    """A pool in ``shm``, and a log file of a stream written, released to it (the file's
-    path in the pool)."""
-    folder = shm / control.RELEASED_LOGS_DIR
-    folder.mkdir()
-    pool = LogPool(folder, 1 << 30, 10**10)
-    log = LogBuffer.create(shm / "7.logbuffer", term_length=TERM, initial_term_id=3,
-                           session_id=1, stream_id=2, mtu=1408, correlation_id=7)
-    log.term_view(1)[:5] = b"hello"
-    path = log.path
-    log.close()
-    return pool, folder / path.name
 
 
 def open_in_another_process(path: Path) -> subprocess.Popen:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import resource
 import struct
 import threading
 import time
@@ -288,6 +289,43 @@ def test_a_dense_log_is_mapped_with_its_pages_in_place_and_a_sparse_one_lazily(
         assert LogBuffer(created.path, populate=False).is_sparse is sparse
     finally:
         log.close()
+        created.close()
+
+
+def thread_faults() -> int:
+    """Minor page faults of the calling thread so far."""
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+
+
+def test_the_pages_a_sparse_logs_file_holds_are_mapped_in_bulk_for_a_writer_and_a_reader(
+        shm: Path) -> None:
+    # A sparse log made in a file that holds pages already (a released log's, reused): each
+    # view has them mapped as it maps the log, 16 pages a fault (fault-around), and the
+    # writer's entries are writable: it writes every held page without a fault.
+    term_length = 4 << 20
+    created = make_log(shm, term_length=term_length, sparse=True)
+    held = 2 * term_length + term_length // 2  # past a term's end: two ranges' worth
+    fd = os.open(created.path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, bytes(held), 0)
+    finally:
+        os.close(fd)
+    pages = held // 4096
+    ones = b"\x01" * held  # its pages written: reading it takes no fault
+    before = thread_faults()
+    writer = LogBuffer(created.path)
+    reader = LogBuffer(created.path)  # as a subscriber maps its image
+    mapped_in = thread_faults() - before
+    try:
+        resident = sorted(resident_kib(created.path))  # the creator's mapped none of them
+        assert len(resident) == 3 and all(kib * 1024 >= held for kib in resident[1:]), resident
+        assert mapped_in < 2 * pages // 8, (mapped_in, pages)
+        before = thread_faults()
+        writer.view[:held] = ones
+        assert thread_faults() - before == 0
+    finally:
+        reader.close()
+        writer.close()
         created.close()
 
 

@@ -24,6 +24,7 @@ from helpers import (
     lacking,
     mdc_destinations,
     stream,
+    stream_to_all,
     wait_for,
 )
 
@@ -59,10 +60,8 @@ def test_manual_destinations_each_get_the_whole_stream_in_order(launch) -> None:
                     if f.name == "slipstream_mdc_destinations"]
         assert [(s.labels, s.value) for s in family.samples] == [
             ({"channel": "aeron:udp?control-mode=manual|term-length=64k|fc=min"}, 3)]
-        collectors = [Collector(s) for s in subscriptions]
-        stream(publication, collectors, 20_000, lambda i: (32, 1376, 5000)[i % 3])
-        for collector in collectors:
-            collector.assert_exactly(20_000)
+        collectors = stream_to_all(publication, subscriptions, 20_000,
+                                   lambda i: (32, 1376, 5000)[i % 3])
 
         publication.remove_destination(f"aeron:udp?endpoint=127.0.0.1:{ports[2]}")
         # The sender's duty cycle sets the gauge after the conductor took the removal.
@@ -152,10 +151,8 @@ def test_dynamic_receivers_join_at_the_control_address_and_time_out_when_gone(la
             for c in clients[1:3]]
         wait_for(lambda: all(s.images for s in subscriptions) and publication.is_connected,
                  timeout=10, what="both receivers joined")
-        collectors = [Collector(s) for s in subscriptions]
-        stream(publication, collectors, 10_000, lambda i: (32, 1376, 5000)[i % 3])
-        for collector in collectors:
-            collector.assert_exactly(10_000)
+        collectors = stream_to_all(publication, subscriptions, 10_000,
+                                   lambda i: (32, 1376, 5000)[i % 3])
         assert mdc_destinations(sender) == 2
 
         late = clients[3].add_subscription(

@@ -233,17 +233,21 @@ def test_subscriptions_of_one_manual_channel_share_its_destinations(launch) -> N
         again.add_destination(f"aeron:udp?endpoint=127.0.0.1:{port}")  # its port is free
 
 
-def _status_messages(sock) -> list[tuple[StatusMessage, tuple[str, int]]]:
-    """The status messages waiting at ``sock`` (non-blocking), with their sources."""
+def _waiting(sock) -> list[tuple[object, tuple[str, int]]]:
+    """What waits at ``sock`` (non-blocking), decoded, with its sources."""
     found = []
     while True:
         try:
             data, source = sock.recvfrom(2048)
         except BlockingIOError:
             return found
-        frame = decode(data)
-        if isinstance(frame, StatusMessage):
-            found.append((frame, source))
+        found.append((decode(data), source))
+
+
+def _status_messages(sock) -> list[tuple[StatusMessage, tuple[str, int]]]:
+    """The status messages waiting at ``sock`` (non-blocking), with their sources."""
+    return [(frame, source) for frame, source in _waiting(sock)
+            if isinstance(frame, StatusMessage)]
 
 
 def test_status_messages_and_naks_go_to_every_live_path(launch) -> None:
@@ -408,17 +412,6 @@ def test_a_unicast_and_a_multicast_path_make_one_image(launch) -> None:
             sock.close()
 
 
-def _drain(sock) -> list:
-    """What waits at ``sock`` (non-blocking), decoded."""
-    found = []
-    while True:
-        try:
-            data, _source = sock.recvfrom(2048)
-        except BlockingIOError:
-            return found
-        found.append(decode(data))
-
-
 def test_a_removed_path_gets_nothing_when_its_slot_is_reused(launch) -> None:
     """A hand-made sender reaches one MDS subscription on two paths.  The subscriber removes
     the second destination and adds a third at once, which takes the removed one's slot
@@ -449,7 +442,7 @@ def test_a_removed_path_gets_nothing_when_its_slot_is_reused(launch) -> None:
         wait_for(lambda: _counter(receiver, CounterType.MDS_DESTINATIONS) == [2],
                  timeout=5, what="the removal and the add run")
         time.sleep(0.05)
-        _drain(senders[1])  # what went before the removal ran
+        _waiting(senders[1])  # what went before the removal ran
         # Data past a gap on the first path (a NAK) and heartbeats on the third, for
         # longer than the SM interval: nothing for the removed path's source.
         senders[0].sendto(Data(128, session, STREAM, term_id, b"x" * 32).encode(),
@@ -458,7 +451,7 @@ def test_a_removed_path_gets_nothing_when_its_slot_is_reused(launch) -> None:
             heartbeat(0)
             heartbeat(2)
             time.sleep(0.05)
-        assert _drain(senders[1]) == []
+        assert _waiting(senders[1]) == []
         assert _status_messages(senders[0])
         assert _status_messages(senders[2])
 

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import FAST_DRIVER_SETTINGS, free_port, free_tcp_port, scrape, value, wait_for
 
 from slipstream.client import Client
 from slipstream.client.counters import SystemCounter
+from slipstream.client.errors import RegistrationError
+from slipstream.client.logbuffer import compute_log_length
 from slipstream.daemon.config import load_settings
 from slipstream.daemon.driver import MediaDriver
+from slipstream.daemon.ops.stat import run_stat
 
 
 def test_the_driver_serves_its_counters_to_prometheus(driver_dir: Path) -> None:
@@ -192,3 +197,76 @@ def test_the_security_page_lists_every_drop_cause_by_its_counter() -> None:
     page = (Path(__file__).parents[1] / "docs" / "SECURITY.md").read_text()
     rows = dict(re.findall(r"^\| `([a-z-]+)` \| `([A-Z_]+)` \|", page, re.M))
     assert rows == {cause: counter.name for counter, cause in DROP_CAUSES.items()}
+
+
+# Every capacity a user can reach says so: the refusal names the setting to raise and its
+# value, and `slipstream stat` and the metrics show its use and its limit (`capacities` in
+# client/counters.py).  The image bounds': test_setup_flood.py.
+KIB = 1024
+
+
+def stat_capacities(directory: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    """``slipstream stat --json --once``'s capacities, by setting."""
+    capsys.readouterr()
+    assert run_stat(str(directory), once=True, as_json=True) == 0
+    return json.loads(capsys.readouterr().out)["capacity"]
+
+
+def capacity_series(text: str, kind: str, setting: str, unit: str) -> float:
+    """``slipstream_capacity_<kind>`` (counts) or ``..._<kind>_bytes`` of ``setting`` in a
+    scrape."""
+    suffix = "" if unit == "count" else f"_{unit}"
+    return value(text, f'slipstream_capacity_{kind}{suffix}{{setting="{setting}"}}')
+
+
+def test_log_buffer_memory_limit_refuses_the_log_past_it_and_shows_its_use(
+        driver_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A limit of three 64 KiB-term logs and a byte: the fourth IPC publication is refused
+    naming log_buffer_memory_limit and its value; stat and the metrics show the three logs'
+    bytes of the limit, and one fewer once one is closed."""
+    log_length = compute_log_length(64 * KIB)
+    limit = 3 * log_length + 1
+    port = free_tcp_port()
+    with MediaDriver.launch(directory=driver_dir, log_buffer_memory_limit=str(limit),
+                            metrics_address=f"127.0.0.1:{port}", **FAST_DRIVER_SETTINGS), \
+            Client.connect(driver_dir) as client:
+        publications = [client.add_publication("aeron:ipc", stream_id) for stream_id in (1, 2, 3)]
+        with pytest.raises(RegistrationError,
+                           match=rf"past log_buffer_memory_limit \({limit / 2**20:g} MiB\).*"
+                                 r"raise log_buffer_memory_limit"):
+            client.add_publication("aeron:ipc", 4)
+
+        def shown(logs: int) -> bool:
+            found = stat_capacities(driver_dir, capsys)["log_buffer_memory_limit"]
+            text = scrape(port)
+            return (found == {"used": logs * log_length, "limit": limit, "unit": "bytes"}
+                    and capacity_series(text, "used", "log_buffer_memory_limit", "bytes")
+                    == logs * log_length
+                    and capacity_series(text, "limit", "log_buffer_memory_limit", "bytes")
+                    == limit)
+
+        wait_for(lambda: shown(3), what="three logs of the limit shown")
+        publications[0].close()
+        wait_for(lambda: shown(2), what="two logs of the limit shown")
+
+
+def test_counters_capacity_refuses_the_stream_past_it_and_shows_its_use(
+        driver_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The least counters file (256 slots) fills with IPC pairs: the subscription that finds
+    no counter is refused naming counters_capacity and its value, and stat and the metrics
+    show the file's slots in use of 256."""
+    port = free_tcp_port()
+    with MediaDriver.launch(directory=driver_dir, counters_capacity="256",
+                            metrics_address=f"127.0.0.1:{port}", **FAST_DRIVER_SETTINGS), \
+            Client.connect(driver_dir) as client:
+        with pytest.raises(RegistrationError, match=r"counters_capacity = 256: raise "
+                                                    r"counters_capacity"):
+            for stream_id in range(1, 256):
+                client.add_publication("aeron:ipc", stream_id)
+                client.add_subscription("aeron:ipc", stream_id)
+        found = stat_capacities(driver_dir, capsys)["counters_capacity"]
+        text = scrape(port)
+    # A refused command takes back what it allocated: a few slots may stay free.
+    assert found["limit"] == 256 and 256 - 8 < found["used"] <= 256, found
+    assert capacity_series(text, "limit", "counters_capacity", "count") == 256
+    assert 256 - 8 < capacity_series(text, "used", "counters_capacity", "count") <= 256

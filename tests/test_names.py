@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import shutil
 import socket
 import threading
@@ -20,11 +21,18 @@ from typing import Any
 
 import pytest
 import trio
-from helpers import FAST_DRIVER_SETTINGS, Collector, free_port, stream, wait_for
+from helpers import FAST_DRIVER_SETTINGS, Collector, RawClient, free_port, stream, wait_for
 
-from slipstream.client import ChannelError, ChannelRejectedError, Client, RegistrationError
+from slipstream.client import (
+    ChannelError,
+    ChannelRejectedError,
+    Client,
+    RegistrationError,
+    control,
+)
 from slipstream.client.counters import CountersFile, SystemCounter
 from slipstream.daemon.config import load_settings
+from slipstream.daemon.core import HELD_COMMANDS_MAX
 from slipstream.daemon.driver import MediaDriver
 from slipstream.daemon.media import names
 from slipstream.daemon.shell import _DriverShell
@@ -203,6 +211,95 @@ def test_an_embedded_driver_serves_other_clients_while_a_name_resolves(
         pumping.join(10)
         driver.close()
     assert waiting and took >= SLOW_S - 0.5
+
+
+def test_a_clients_commands_take_effect_in_its_order_while_one_waits_for_names(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that sends commands without waiting for their answers (Aeron's async adds)
+    sees them take effect in its order though the first waits for its channel's name: a
+    destination removed right after it was added is gone, not added after its removal, and
+    an IPC add sent behind them is answered after them.  Another client is served
+    meanwhile.  (The embedded driver's conductor: the driver process's shares it.)"""
+    asked = _slow_resolver(monkeypatch, 1.0)
+    driver, pumping, stop = _embedded_pumped()
+    raw = _connected_raw(driver.directory)
+    try:
+        ready = raw.request({"type": control.ADD_PUBLICATION, "stream_id": 5,
+                             "channel": "aeron:udp?control-mode=manual", "correlation_id": 2})
+        assert ready["type"] == control.PUBLICATION_READY, ready
+        publication = ready["registration_id"]
+        named = f"aeron:udp?endpoint=slow.test:{free_port()}"
+        for correlation_id, command in ((3, control.ADD_DESTINATION),
+                                        (4, control.REMOVE_DESTINATION)):
+            raw.send_raw(json.dumps({"type": command, "registration_id": publication,
+                                     "channel": named,
+                                     "correlation_id": correlation_id}).encode())
+        raw.send_raw(json.dumps({"type": control.ADD_SUBSCRIPTION, "channel": "aeron:ipc",
+                                 "stream_id": 6, "correlation_id": 5}).encode())
+        assert asked.wait(10), "the driver never asked the resolver for slow.test"
+        with Client.connect(driver.directory) as other:
+            other.add_subscription("aeron:ipc", 7)
+        answers = [raw.reply(10_000) for _ in range(3)]
+        assert [(a["type"], a["correlation_id"]) for a in answers] == [
+            (control.OPERATION_SUCCESS, 3), (control.OPERATION_SUCCESS, 4),
+            (control.SUBSCRIPTION_READY, 5)], answers
+        assert raw.silent(), "an answer too many"
+    finally:
+        raw.close()
+        stop.set()
+        pumping.join(10)
+        driver.close()
+
+
+def _connected_raw(directory: Path) -> RawClient:
+    raw = RawClient(directory)
+    assert raw.request({"type": control.CONNECT, "version": control.PROTOCOL_VERSION,
+                        "pid": 1, "process": 1, "correlation_id": 1}
+                       )["type"] == control.CONNECTED
+    return raw
+
+
+def test_commands_past_the_held_limit_are_refused_and_those_naming_a_host_that_timed_out_too(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Behind a command waiting for a name that never comes in time: the client's next
+    HELD_COMMANDS_MAX commands wait, the one past them is refused at once (``resource``);
+    when the first is refused for its host, the held ones naming that host are refused with
+    it, not after as long again each, and the others are handled in order."""
+    _slow_resolver(monkeypatch, 3.0)
+    monkeypatch.setattr(names, "PREFETCH_TIMEOUT_S", 0.5)
+    asked: list[str] = []
+    slow_getaddrinfo = socket.getaddrinfo
+
+    def counted(host: str, *args: Any, **kwargs: Any) -> Any:
+        asked.append(host)
+        return slow_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", counted)
+    driver, pumping, stop = _embedded_pumped()
+    raw = _connected_raw(driver.directory)
+    slow = f"aeron:udp?endpoint=slow.test:{free_port()}"
+    try:
+        commands = [{"type": control.ADD_SUBSCRIPTION, "channel": slow, "stream_id": 5},
+                    {"type": control.ADD_SUBSCRIPTION, "channel": slow, "stream_id": 6}]
+        commands += [{"type": control.REMOVE_SUBSCRIPTION, "registration_id": 12345}
+                     for _ in range(HELD_COMMANDS_MAX)]  # the first of them, plus the limit
+        for correlation_id, command in enumerate(commands, start=10):
+            raw.send_raw(json.dumps({**command, "correlation_id": correlation_id}).encode())
+        past = 10 + len(commands) - 1
+        answers = [raw.reply(10_000) for _ in commands]
+        assert (answers[0]["correlation_id"], answers[0]["code"]) == (past,
+                                                                      control.ERR_RESOURCE)
+        assert [a["correlation_id"] for a in answers[1:]] == list(range(10, past))
+        assert [a["code"] for a in answers[1:3]] == [control.ERR_INVALID_CHANNEL] * 2
+        assert all("slow.test" in a["message"] for a in answers[1:3])
+        assert {a["code"] for a in answers[3:]} == {control.ERR_UNKNOWN_SUBSCRIPTION}
+        assert raw.silent(), "an answer too many"
+        assert asked.count("slow.test") == 1, asked  # the second was not waited for again
+    finally:
+        raw.close()
+        stop.set()
+        pumping.join(10)
+        driver.close()
 
 
 async def test_the_name_cache_and_the_resolver_run_on_the_threads_the_ownership_table_names(

@@ -6,14 +6,12 @@ agent runs it: :func:`send` is one data send, :func:`cycle` one duty cycle of th
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
 import pytest
-from helpers import FAST_DRIVER_SETTINGS, data_datagrams
+from helpers import FAST_DRIVER_SETTINGS, data_datagrams, network_publication
 
 from slipstream.client._native import ffi, lib
-from slipstream.client.channel import parse_channel
 from slipstream.client.counters import SystemCounter
 from slipstream.client.errors import LocalProtocolError
 from slipstream.client.frames import (
@@ -28,20 +26,16 @@ from slipstream.client.frames import (
     decode,
     decode_datagram,
 )
-from slipstream.client.logbuffer import LogBuffer, new_appender
+from slipstream.client.logbuffer import new_appender
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
-from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.flow.registry import flow_control_for
 from slipstream.daemon.media import send_point
 from slipstream.daemon.media.destinations import ControlMode, DestinationTable
 from slipstream.daemon.media.send_channel import SendChannel
-from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.types import Datagram, LocalCounters
 from slipstream.daemon.streams.publication import (
     NetworkPublication,
     PublicationState,
-    SenderPositions,
 )
 
 MS = 1_000_000
@@ -52,19 +46,9 @@ RCV = ("10.0.0.2", 40123)
 
 
 def make(shm: Path, uri: str = "aeron:udp?endpoint=10.0.0.2:40123", **settings):
-    log = LogBuffer.create(shm / f"{uuid.uuid4().hex}.log", term_length=TERM,
-                           initial_term_id=10, session_id=5, stream_id=6, mtu=1408,
-                           correlation_id=1)
-    positions = SenderPositions.in_process()
-    limit = positions.publisher_limit
-    channel = parse_channel(uri)
-    s = DriverSettings(**{"term_buffer_length": TERM, **settings})
-    counters = LocalCounters()
-    params = PublicationParams.for_network(channel, s)
-    pub = NetworkPublication(log=log, params=params, settings=s, positions=positions,
-                             flow_control=flow_control_for(params), counters=counters,
-                             now_ns=0, destination=DEST)
-    return pub, log, limit, new_appender(log, limit), counters
+    pub = network_publication(shm, uri, DEST, term_length=TERM, **settings)
+    limit = pub.positions.publisher_limit
+    return pub, pub.log, limit, new_appender(pub.log, limit), pub.counters
 
 
 def send(pub: NetworkPublication, now_ns: int, budget: int = 64) -> list:
@@ -322,6 +306,32 @@ def test_a_claim_its_publisher_never_commits_is_padded_after_the_unblock_timeout
     assert pub.sender_position == 480
 
 
+def test_a_claim_made_after_an_idle_spell_gets_the_whole_unblock_timeout(shm: Path) -> None:
+    """An idle publication is looked at every half timeout (nothing else need visit it); a
+    claim made after it has been idle far longer than the timeout is padded one to 1.5
+    timeouts after the first look that saw it, never at once (its publisher may be writing)."""
+    pub, _log, _limit, appender, counters = make(shm, **FAST_DRIVER_SETTINGS)
+    pub.on_frame(sm(window=TERM // 2), DEST, 0)
+    assert lib.ss_offer(appender, b"a" * 100, 100) > 0
+    cycle(pub, 0)
+    assert pub.sender_position == 160
+    t = 0
+    for _ in range(6):  # idle for 3 timeouts: a look each half timeout
+        due = pub.next_deadline_ns()
+        assert t < due <= t + UNBLOCK_NS // 2
+        t = due
+        cycle(pub, t)
+    assert lib.ss_try_claim(appender, 100, ffi.new("int64_t *")) > 0  # held from here
+    seen = pub.next_deadline_ns()  # the next look sees it
+    cycle(pub, seen)
+    for now in range(seen, seen + UNBLOCK_NS, 100 * MS):
+        cycle(pub, now)
+    assert counters[SystemCounter.UNBLOCKED_PUBLICATIONS] == 0
+    assert pub.next_deadline_ns() == seen + UNBLOCK_NS + 1
+    cycle(pub, seen + UNBLOCK_NS + 1)
+    assert counters[SystemCounter.UNBLOCKED_PUBLICATIONS] == 1
+
+
 def test_a_sender_held_by_flow_control_is_not_unblocked(shm: Path) -> None:
     pub, _log, _limit, appender, counters = make(shm, **FAST_DRIVER_SETTINGS)
     pub.on_frame(sm(window=320), DEST, 0)
@@ -412,7 +422,7 @@ def test_send_channel_routes_and_counts_malformed(shm: Path) -> None:
     channel.on_datagram(b"\x24\x00\x00\x00\x00\x00\x03\x00" + b"\x00" * 10, RCV, 0)
     assert counters[SystemCounter.INVALID_PACKETS] == 2
     channel.on_datagram(StatusMessage(5, 6, 0, 0, 0, 1, 0x80).encode(), RCV, 1)
-    assert pub.is_setup_elicited
+    assert pub.setups.elicited
 
 
 def test_a_rule_that_leaves_the_c_half_makes_the_publication_due_by_the_agents_deadline(

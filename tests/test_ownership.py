@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers import network_publication
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -33,14 +34,12 @@ from slipstream.client.logbuffer import LogBuffer
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.flow.registry import flow_control_for
 from slipstream.daemon.media.events import ImageRequested
 from slipstream.daemon.media.receive_channel import ReceiveChannel
-from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.types import LocalCounters
 from slipstream.daemon.streams import ownership
 from slipstream.daemon.streams.image import ImagePositions, ImageState, PublicationImage
-from slipstream.daemon.streams.publication import NetworkPublication, SenderPositions
+from slipstream.daemon.streams.publication import NetworkPublication
 
 ROOT = Path(__file__).resolve().parent.parent
 MS = 1_000_000
@@ -382,15 +381,7 @@ def test_a_rebuilt_image_that_goes_draining_hands_its_status_messages_back_at_on
 
 # -- a publication ----------------------------------------------------------------------------
 def make_publication(shm: Path, uri: str = UNICAST) -> NetworkPublication:
-    log = LogBuffer.create(shm / f"{uuid.uuid4().hex}.log", term_length=TERM,
-                           initial_term_id=10, session_id=5, stream_id=6, mtu=1408,
-                           correlation_id=1)
-    s = DriverSettings(term_buffer_length=TERM)
-    params = PublicationParams.for_network(parse_channel(uri), s)
-    return NetworkPublication(log=log, params=params, settings=s,
-                              positions=SenderPositions.in_process(),
-                              flow_control=flow_control_for(params), counters=LocalCounters(),
-                              now_ns=0, destination=DEST)
+    return network_publication(shm, uri, DEST, term_length=TERM)
 
 
 def _publication_fields(pub: NetworkPublication) -> dict[str, int]:

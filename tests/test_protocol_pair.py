@@ -484,13 +484,26 @@ class HalveOnLoss(CongestionControl):
         self.rtts.append((rtt_ns, source))
 
 
-def test_a_congestion_control_strategy_measures_the_round_trip_and_sets_the_window(
-        shm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(CONGESTION_CONTROLS, "cubic", HalveOnLoss)
+def congestion_controlled(shm: Path, monkeypatch: pytest.MonkeyPatch,
+                          strategy: type[HalveOnLoss]) -> tuple[Pair, HalveOnLoss]:
+    """A pair (50 µs each way), connected, whose image runs ``strategy`` as ``cc=cubic`` with
+    a 16 KiB receiver window: (the pair, the image's strategy)."""
+    monkeypatch.setitem(CONGESTION_CONTROLS, "cubic", strategy)
     pair = Pair(shm, receiver_uri=URI + "|cc=cubic|rcv-wnd=16k")
     pair.delay_ns = 50 * US
     connect(pair)
-    cc = pair.image.congestion_control
+    return pair, pair.image.congestion_control
+
+
+def drop_the_first_data_frame(direction: str, dg: Datagram) -> bool:
+    """A Pair's drop rule: the DATA frames at term offset 0 the publisher sends."""
+    frame = decode(dg.data)
+    return direction == "p2r" and isinstance(frame, Data) and frame.term_offset == 0
+
+
+def test_a_congestion_control_strategy_measures_the_round_trip_and_sets_the_window(
+        shm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pair, cc = congestion_controlled(shm, monkeypatch, HalveOnLoss)
     assert isinstance(cc, HalveOnLoss)
     # The receiver asked (a REPLY-flagged RTTM), the sender echoed, the strategy heard.
     [(_, ask)] = pair.frames("r2p", Rttm)
@@ -498,8 +511,7 @@ def test_a_congestion_control_strategy_measures_the_round_trip_and_sets_the_wind
     assert cc.rtts == [(100 * US, SENDER)]
     assert pair.frames("r2p", StatusMessage)[-1][1].receiver_window == 16 * 1024
     # A gap halves the window, and an SM says so at once.
-    pair.drop = lambda direction, dg: (direction == "p2r" and isinstance(decode(dg.data), Data)
-                                       and decode(dg.data).term_offset == 0)
+    pair.drop = drop_the_first_data_frame
     pair.offer(b"a" * 1300)
     pair.offer(b"b" * 1300)
     pair.run_until(pair.now + 1 * MS)
@@ -530,17 +542,12 @@ class ForceOnLoss(HalveOnLoss):
 
 def test_a_congestion_control_strategy_forces_status_messages_and_sets_its_own_deadline(
         shm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(CONGESTION_CONTROLS, "cubic", ForceOnLoss)
-    pair = Pair(shm, receiver_uri=URI + "|cc=cubic|rcv-wnd=16k")
-    pair.delay_ns = 50 * US
-    connect(pair)
-    cc = pair.image.congestion_control
+    pair, cc = congestion_controlled(shm, monkeypatch, ForceOnLoss)
     pair.run_until(20 * MS)
     [(asked_at, _)] = pair.frames("r2p", Rttm)
     assert asked_at == cc.due_ns  # woken for it, not found on some later pass
     sms_before = len(pair.frames("r2p", StatusMessage))
-    pair.drop = lambda direction, dg: (direction == "p2r" and isinstance(decode(dg.data), Data)
-                                       and decode(dg.data).term_offset == 0)
+    pair.drop = drop_the_first_data_frame
     pair.offer(b"a" * 1300)
     pair.run_until(pair.now + 1 * MS)
     assert len(pair.frames("r2p", StatusMessage)) == sms_before  # nothing seen, nothing said
@@ -638,7 +645,7 @@ def test_elicited_setup_for_late_receiver(pair: Pair) -> None:
     receive2.on_datagram(hb, SENDER, pair.now + 1)
     assert receive2.datagrams_to_send(pair.now + 1) == []  # pending setup: 1 s
     pair.send_channel.on_datagram(out[0].data, RECEIVER, pair.now)
-    assert pair.publication.is_setup_elicited
+    assert pair.publication.setups.elicited
     setups = [d for d in pair.publication.datagrams_to_send(pair.now + 100 * MS)
               if isinstance(decode(d.data), Setup)]
     assert setups

@@ -61,24 +61,33 @@ def _keyed(key: str | None) -> str:
     return "" if key is None else f"|key={key}"
 
 
-def _response_subscription(client: Client, control_port: int, *, key: str | None = None):
+def add_response_subscription(client: Client, control_port: int, *, key: str | None = None,
+                              host: str = "127.0.0.1"):
+    """The client's response subscription (RESPONSES), its control address the server's
+    ``host``:``control_port``."""
     return client.add_subscription(
-        f"aeron:udp?control-mode=response|control=127.0.0.1:{control_port}{_keyed(key)}",
+        f"aeron:udp?control-mode=response|control={host}:{control_port}{_keyed(key)}",
         RESPONSES)
 
 
-def _request_publication(client: Client, port: int, response_subscription, *,
-                         exclusive: bool = False, key: str | None = None):
+def add_request_publication(client: Client, port: int, response_subscription, *,
+                            exclusive: bool = False, key: str | None = None,
+                            host: str = "127.0.0.1"):
+    """The client's request publication (REQUESTS) to the server's ``host``:``port``,
+    answered on ``response_subscription``."""
     add = client.add_exclusive_publication if exclusive else client.add_publication
-    return add(f"aeron:udp?endpoint=127.0.0.1:{port}"
+    return add(f"aeron:udp?endpoint={host}:{port}"
                f"|response-correlation-id={response_subscription.registration_id}"
                f"{_keyed(key)}", REQUESTS)
 
 
-def _response_publication(server: Client, control_port: int, image, *,
-                          exclusive: bool = False, key: str | None = None):
+def add_response_publication(server: Client, control_port: int, image, *,
+                             exclusive: bool = False, key: str | None = None,
+                             host: str = "127.0.0.1"):
+    """The server's response publication (RESPONSES) to the client of request ``image``,
+    from the server's ``host``:``control_port``."""
     add = server.add_exclusive_publication if exclusive else server.add_publication
-    return add(f"aeron:udp?control-mode=response|control=127.0.0.1:{control_port}"
+    return add(f"aeron:udp?control-mode=response|control={host}:{control_port}"
                f"|response-correlation-id={image.correlation_id}{_keyed(key)}", RESPONSES)
 
 
@@ -197,7 +206,7 @@ def _answer(server: Client, requests, control_port: int, count: int, *,
     request images (Aeron's ResponseServer), by the image's correlation id; the second, if
     any, an exclusive one."""
     wait_for(lambda: len(requests.images) == count, timeout=10, what="the request images")
-    return [_Echo(image, _response_publication(server, control_port, image, exclusive=i == 1,
+    return [_Echo(image, add_response_publication(server, control_port, image, exclusive=i == 1,
                                                key=key))
             for i, image in enumerate(requests.images)]
 
@@ -237,8 +246,8 @@ def test_two_clients_each_get_only_their_own_responses(launch) -> None:
         with Client.connect(server_driver.directory) as server:
             requests = server.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}",
                                                REQUESTS)
-            responses = [_response_subscription(c, control_port) for c in clients]
-            publications = [_request_publication(c, port, r, exclusive=i == 1)
+            responses = [add_response_subscription(c, control_port) for c in clients]
+            publications = [add_request_publication(c, port, r, exclusive=i == 1)
                             for i, (c, r) in enumerate(zip(clients, responses, strict=True))]
             echoes = _answer(server, requests, control_port, 2)
             wait_for(lambda: all(r.images for r in responses)
@@ -269,8 +278,8 @@ def test_a_client_that_goes_away_leaves_nothing_at_the_server(launch) -> None:
         requests = server.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", REQUESTS,
                                            on_unavailable_image=gone.append)
         client = Client.connect(client_driver.directory)
-        responses = _response_subscription(client, control_port)
-        _request_publication(client, port, responses)
+        responses = add_response_subscription(client, control_port)
+        add_request_publication(client, port, responses)
         [echo] = _answer(server, requests, control_port, 1)
         wait_for(lambda: echo.response.is_connected and responses.images, timeout=10,
                  what="the response stream connected")
@@ -283,7 +292,7 @@ def test_a_client_that_goes_away_leaves_nothing_at_the_server(launch) -> None:
         wait_for(lambda: _can_bind(control_port), timeout=10,
                  what="the response publication's control socket closed")
         with pytest.raises(ChannelRejectedError, match="names no image") as refused:
-            _response_publication(server, control_port, echo.image)
+            add_response_publication(server, control_port, echo.image)
         assert refused.value.part == "response-correlation-id"
         client.close()  # its driver is gone: the client lets its resources go
 
@@ -332,15 +341,15 @@ def test_a_request_image_that_goes_before_its_response_publication_connects(laun
             requests = server.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}",
                                                REQUESTS, on_unavailable_image=gone.append)
             client = Client.connect(client_driver.directory)
-            responses = _response_subscription(client, control_port)
-            _request_publication(client, port, responses)
+            responses = add_response_subscription(client, control_port)
+            add_request_publication(client, port, responses)
             run_until(lambda: requests.images, "the request image")
             [image] = requests.images
             host, source_port = image.source_identity.rsplit(":", 1)
             client_driver.kill()
             client_address.bind((host, int(source_port)))  # where RSP_SETUPs go
             client_address.setblocking(False)
-            response = _response_publication(server, control_port, image)
+            response = add_response_publication(server, control_port, image)
             assert [e.publication.session_id for e in network._answering] == [
                 response.session_id]
             setups = 0
@@ -439,7 +448,7 @@ def test_response_keys_that_name_nothing_are_refused_by_name(launch) -> None:
         wait_for(lambda: requests.images and plain_request.is_connected, timeout=10,
                  what="the plain request stream")
         with pytest.raises(ChannelRejectedError, match="did not ask for responses") as unasked:
-            _response_publication(server, control_port, requests.images[0])
+            add_response_publication(server, control_port, requests.images[0])
         assert unasked.value.part == "response-correlation-id"
         assert publisher_limits(server_driver) == 0
 
@@ -456,7 +465,7 @@ def test_a_server_that_makes_its_response_publication_again_is_answered_again(la
         first_session = echo.response.session_id
         echo.response.close()
         wait_for(lambda: not responses.images, timeout=10, what="the first response image went")
-        echo.response = _response_publication(link.server, link.control_port, echo.image)
+        echo.response = add_response_publication(link.server, link.control_port, echo.image)
         assert echo.response.session_id != first_session
         wait_for(lambda: responses.images and echo.response.is_connected, timeout=10,
                  what="the second response stream connected")
@@ -474,16 +483,11 @@ def test_a_response_channel_over_ipv6(launch) -> None:
     with Client.connect(server_driver.directory) as server, \
             Client.connect(client_driver.directory) as client:
         requests = server.add_subscription(f"aeron:udp?endpoint=[::1]:{port}", REQUESTS)
-        responses = client.add_subscription(
-            f"aeron:udp?control-mode=response|control=[::1]:{control_port}", RESPONSES)
-        request_publication = client.add_publication(
-            f"aeron:udp?endpoint=[::1]:{port}"
-            f"|response-correlation-id={responses.registration_id}", REQUESTS)
+        responses = add_response_subscription(client, control_port, host="[::1]")
+        request_publication = add_request_publication(client, port, responses, host="[::1]")
         wait_for(lambda: requests.images, timeout=10, what="the request image")
         [image] = requests.images
-        echo = _Echo(image, server.add_publication(
-            f"aeron:udp?control-mode=response|control=[::1]:{control_port}"
-            f"|response-correlation-id={image.correlation_id}", RESPONSES))
+        echo = _Echo(image, add_response_publication(server, control_port, image, host="[::1]"))
         wait_for(lambda: responses.images and echo.response.is_connected, timeout=10,
                  what="the response stream connected")
         assert responses.images[0].source_identity == f"::1:{control_port}"
@@ -518,8 +522,8 @@ def _connected(launch, *, through_nat: bool = False) -> Iterator[_Connected]:
                 Client.connect(client_driver.directory) as client:
             requests = server.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}",
                                                REQUESTS)
-            responses = _response_subscription(client, nat.port if nat else control_port)
-            request_publication = _request_publication(client, port, responses)
+            responses = add_response_subscription(client, nat.port if nat else control_port)
+            request_publication = add_request_publication(client, port, responses)
             [echo] = _answer(server, requests, control_port, 1)
             wait_for(lambda: responses.images and echo.response.is_connected
                      and request_publication.is_connected, timeout=10,
@@ -637,8 +641,8 @@ def test_a_keyed_request_and_response_exchange_is_sealed_both_ways_and_carried_o
                 Client.connect(client_driver.directory) as client:
             requests = server.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}|key=k",
                                                REQUESTS)
-            responses = _response_subscription(client, nat.port, key="k")
-            request_publication = _request_publication(client, port, responses, key="k")
+            responses = add_response_subscription(client, nat.port, key="k")
+            request_publication = add_request_publication(client, port, responses, key="k")
             [echo] = _answer(server, requests, control_port, 1, key="k")
             wait_for(lambda: responses.images and echo.response.is_connected
                      and request_publication.is_connected, timeout=10,
@@ -678,8 +682,8 @@ def test_a_peer_without_the_key_gets_no_answer_and_its_datagrams_are_counted(
             socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as forger:
         requests = server.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}|key=k",
                                            REQUESTS)
-        responses = _response_subscription(client, control_port, key="k")
-        request_publication = _request_publication(client, port, responses, key="k")
+        responses = add_response_subscription(client, control_port, key="k")
+        request_publication = add_request_publication(client, port, responses, key="k")
         [echo] = _answer(server, requests, control_port, 1, key="k")
         wait_for(lambda: responses.images and echo.response.is_connected, timeout=10,
                  what="the keyed response stream connected")
@@ -698,8 +702,8 @@ def test_a_peer_without_the_key_gets_no_answer_and_its_datagrams_are_counted(
         others_before = counters_of(server_driver)
         outsiders = []
         for outsider, key in ((wrong, "k"), (plain, None)):
-            outsider_responses = _response_subscription(outsider, free_port(), key=key)
-            outsiders.append((outsider_responses, _request_publication(
+            outsider_responses = add_response_subscription(outsider, free_port(), key=key)
+            outsiders.append((outsider_responses, add_request_publication(
                 outsider, port, outsider_responses, key=key)))
         # The plain peer's datagrams are plain; the other key's are sealed under a sender id
         # no exchange gave (its handshakes fail: §7.8), or fail to open.
@@ -739,19 +743,19 @@ def test_a_request_and_its_responses_under_different_keys_are_refused_by_name(
             f"aeron:udp?endpoint=127.0.0.1:{keyed_port}|key=k", REQUESTS)
         plain_requests = server.add_subscription(
             f"aeron:udp?endpoint=127.0.0.1:{plain_port}", REQUESTS)
-        subscriptions = {key: _response_subscription(client, free_port(), key=key)
+        subscriptions = {key: add_response_subscription(client, free_port(), key=key)
                          for key in ("k", "other", None)}
         for request_key, response_key in (("k", None), ("k", "other"), (None, "k")):
             port = keyed_port if request_key else plain_port
             with pytest.raises(ChannelRejectedError, match="a request and its responses "
                                "carry the same key=") as refused:
-                _request_publication(client, port, subscriptions[response_key],
+                add_request_publication(client, port, subscriptions[response_key],
                                      key=request_key)
             assert refused.value.part == "key", (request_key, response_key)
         assert publisher_limits(client_driver) == 0
 
-        keyed = _request_publication(client, keyed_port, subscriptions["k"], key="k")
-        plain = _request_publication(client, plain_port, subscriptions[None])
+        keyed = add_request_publication(client, keyed_port, subscriptions["k"], key="k")
+        plain = add_request_publication(client, plain_port, subscriptions[None])
         wait_for(lambda: keyed_requests.images and plain_requests.images and keyed.is_connected
                  and plain.is_connected, timeout=10, what="both request streams")
         for image, response_key, port in ((keyed_requests.images[0], None, keyed_port),
@@ -759,6 +763,6 @@ def test_a_request_and_its_responses_under_different_keys_are_refused_by_name(
                                           (plain_requests.images[0], "k", plain_port)):
             with pytest.raises(ChannelRejectedError, match="the request stream it answers"
                                ) as refused:
-                _response_publication(server, free_port(), image, key=response_key)
+                add_response_publication(server, free_port(), image, key=response_key)
             assert refused.value.part == "key", (port, response_key)
         assert publisher_limits(server_driver) == 0

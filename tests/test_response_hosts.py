@@ -14,12 +14,18 @@ import time
 
 import pytest
 from helpers import NETWORK_SETTINGS, Collector, message, wait_for
+from test_response_channels import (
+    REQUESTS,
+    add_request_publication,
+    add_response_publication,
+    add_response_subscription,
+)
 
 from slipstream.client import Client
 
 pytestmark = pytest.mark.timeout(120)
 
-REQUESTS, RESPONSES, PLAIN = 1001, 1002, 1003
+PLAIN = 1003
 PORT, CONTROL_PORT, CLIENT_PORT = 40123, 40124, 40125
 NAT_PORTS = (20000, 29999)
 
@@ -47,18 +53,13 @@ def test_the_response_stream_reaches_a_client_behind_a_nat_and_a_firewall(hosts)
         pushed = server.add_publication(f"aeron:udp?endpoint={client_ip}:{CLIENT_PORT}", PLAIN)
 
         requests = server.add_subscription(f"aeron:udp?endpoint={server_ip}:{PORT}", REQUESTS)
-        responses = client.add_subscription(
-            f"aeron:udp?control-mode=response|control={server_ip}:{CONTROL_PORT}", RESPONSES)
-        request_publication = client.add_publication(
-            f"aeron:udp?endpoint={server_ip}:{PORT}"
-            f"|response-correlation-id={responses.registration_id}", REQUESTS)
+        responses = add_response_subscription(client, CONTROL_PORT, host=server_ip)
+        request_publication = add_request_publication(client, PORT, responses, host=server_ip)
         wait_for(lambda: requests.images, timeout=15, what="the request image")
         [request_image] = requests.images
         host, port = request_image.source_identity.rsplit(":", 1)
         assert host == client_ip and NAT_PORTS[0] <= int(port) <= NAT_PORTS[1]
-        response = server.add_publication(
-            f"aeron:udp?control-mode=response|control={server_ip}:{CONTROL_PORT}"
-            f"|response-correlation-id={request_image.correlation_id}", RESPONSES)
+        response = add_response_publication(server, CONTROL_PORT, request_image, host=server_ip)
         wait_for(lambda: responses.images and response.is_connected
                  and request_publication.is_connected, timeout=15,
                  what="the response stream connected through the NAT")

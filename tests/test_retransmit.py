@@ -7,23 +7,20 @@ What a NAK resends is queued on the publication (``c.retransmits``) for the data
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
+from helpers import network_publication
+
 from slipstream.client._native import lib
-from slipstream.client.channel import parse_channel
 from slipstream.client.counters import SystemCounter
 from slipstream.client.frames import Nak, StatusMessage
 from slipstream.client.layout import NO_DEADLINE
-from slipstream.client.logbuffer import LogBuffer, new_appender
+from slipstream.client.logbuffer import new_appender
 from slipstream.daemon._network import lib as network
-from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.flow.registry import flow_control_for
 from slipstream.daemon.media.send_channel import SendChannel
-from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.retransmit import ActionState
 from slipstream.daemon.protocol.types import LocalCounters
-from slipstream.daemon.streams.publication import NetworkPublication, SenderPositions
+from slipstream.daemon.streams.publication import NetworkPublication
 
 TERM = 64 * 1024
 MS = 1_000_000
@@ -36,25 +33,15 @@ MULTICAST = "aeron:udp?endpoint=224.0.1.1:40456"
 def publication(shm: Path, uri: str = UNICAST, frames: int = 8, size: int = 1024,
                 window: int = 32 * 1024, **settings):
     """A publication that sent ``frames`` messages of ``size`` bytes (term 10, from 0)."""
-    log = LogBuffer.create(shm / f"{uuid.uuid4().hex}.log", term_length=TERM,
-                           initial_term_id=10, session_id=5, stream_id=6, mtu=1408,
-                           correlation_id=1)
-    positions = SenderPositions.in_process()
-    channel = parse_channel(uri)
-    s = DriverSettings(**{"term_buffer_length": TERM, **settings})
-    counters = LocalCounters()
-    params = PublicationParams.for_network(channel, s)
-    pub = NetworkPublication(log=log, params=params, settings=s, positions=positions,
-                             flow_control=flow_control_for(params), counters=counters,
-                             now_ns=0, destination=DEST)
+    pub = network_publication(shm, uri, DEST, term_length=TERM, **settings)
     pub.on_frame(StatusMessage(5, 6, 10, 0, window, 99), DEST, 0)
-    appender = new_appender(log, positions.publisher_limit)
+    appender = new_appender(pub.log, pub.positions.publisher_limit)
     for _ in range(frames):
         assert lib.ss_offer(appender, b"x" * size, size) > 0
     while network.ss_send_data(pub.c, 0, 64, _spans()) > 0:
         pass
     pub._appender = appender  # kept alive with the publication
-    return pub, counters
+    return pub, pub.counters
 
 
 def _spans():

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sealed_wire import KEY_A, KEY_B
 
 from slipstream.client.channel import parse_channel
 from slipstream.client.errors import ChannelError
@@ -33,8 +34,6 @@ from slipstream.daemon._network import lib as network
 from slipstream.daemon.media.sealing import KeyFileError, KeyRing, Sealing, read_key_file
 from slipstream.daemon.protocol.types import sockaddr
 
-KEY_A = bytes(range(32))
-KEY_B = bytes(range(100, 132))
 #: The window's span: RFC 6479's bitmap (4096 counters) less a word.
 WINDOW = 4096 - 64
 

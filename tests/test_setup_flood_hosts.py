@@ -151,7 +151,7 @@ def test_a_setup_flood_from_one_host_neither_stalls_the_driver_nor_the_stream(
                     time.sleep(min(0.001, due - now))
                 if attacker is None and now - started >= BASELINE_S:
                     shm_before = shm_bytes(subscriber_driver.directory)
-                    drops_before = udp_receive_drops(hosts[2])
+                    drops_before = udp_receive_drops(hosts[2], port)
                     attacker = hosts[3].popen(
                         sys.executable, "-c", ATTACKER, hosts[2].address, str(port),
                         str(STREAM), *(f"{t}:{r}:{s}" for t, r, s in PHASES),
@@ -170,7 +170,7 @@ def test_a_setup_flood_from_one_host_neither_stalls_the_driver_nor_the_stream(
             wait_for(lambda: len(received) >= total, timeout=10, what="every message read")
             assert attacker is not None
             sent = int(attacker.communicate(timeout=30)[0])
-            unread = udp_receive_drops(hosts[2]) - drops_before
+            unread = udp_receive_drops(hosts[2], port) - drops_before
         finally:
             stop.set()
             for thread in threads:

@@ -51,6 +51,20 @@ def send_rate(report: Report, start_s: float) -> float:
     return (p1 - p0) * S / (t1 - t0)
 
 
+def assert_paced_by_the_slow_one(report: Report) -> None:
+    """Every subscriber got the whole stream, which went at the pace of the one reading
+    :data:`SLOW_RATE` through the sender's rate limit, cut by rate signals; the publisher
+    counted every signal its subscribers sent."""
+    assert report.exactly_once_in_order, report.format_text()
+    taken = SLOW_RATE * FRAME
+    rate = send_rate(report, 1.0)
+    assert 0.8 * taken < rate < 1.2 * taken, (rate, taken)
+    publisher = report.counters["10.0.0.1"]
+    assert publisher["RATE_CUTS"] >= 3
+    assert publisher["RATE_SIGNALS_RECEIVED"] == sum(
+        report.counters[ip].get("RATE_SIGNALS_SENT", 0) for ip in report.subscribers)
+
+
 def test_under_max_a_subscriber_slower_than_the_stream_is_left_behind_and_told() -> None:
     report, sim = run("", messages=8000, read_rates=[(SLOW_HOST, SLOW_RATE)])
     assert fast(report.missing) == [0, 0, 0]
@@ -70,18 +84,10 @@ def test_under_max_a_subscriber_slower_than_the_stream_is_left_behind_and_told()
 def test_nak_strength_slows_the_sender_to_what_the_slow_subscriber_takes_and_loses_nothing(
         ) -> None:
     report, _ = run("rc=nak-strength", messages=8000, read_rates=[(SLOW_HOST, SLOW_RATE)])
-    assert report.exactly_once_in_order, report.format_text()
-    # The stream went at the slow subscriber's pace (it read 10 %) ...
-    taken = SLOW_RATE * FRAME
-    rate = send_rate(report, 1.0)
-    assert 0.8 * taken < rate < 1.2 * taken, (rate, taken)
-    # ... through the sender's rate limit, which signals from that subscriber cut ...
-    publisher = report.counters["10.0.0.1"]
-    assert publisher["RATE_CUTS"] >= 3
-    slow = report.counters[f"10.0.0.{SLOW_HOST}"]
-    assert slow["RATE_SIGNALS_SENT"] > 0
-    assert publisher["RATE_SIGNALS_RECEIVED"] == sum(
-        report.counters[ip].get("RATE_SIGNALS_SENT", 0) for ip in report.subscribers)
+    # The stream went at the slow subscriber's pace (it read 10 %), through the sender's rate
+    # limit, which signals from that subscriber cut ...
+    assert_paced_by_the_slow_one(report)
+    assert report.counters[f"10.0.0.{SLOW_HOST}"]["RATE_SIGNALS_SENT"] > 0
     limits = [rate for t, _, rate in report.limits if t > 1 * S]
     assert limits and all(limits)
     # ... without stopping the others for longer than one window (50 ms).

@@ -53,15 +53,17 @@ MESSAGES_PER_TERM = TERM // FRAME
 
 class Archive:
     """A ``slipstream-archive run`` process beside the ingest driver, recording the stream
-    as it arrives there (source remote), with a control stream on a port of its own."""
+    as it arrives there (source remote) in segments of ``segment_length``, with a control
+    stream on a port of its own."""
 
-    def __init__(self, hosts: Hosts, directory: Path) -> None:  # noqa: F811
+    def __init__(self, hosts: Hosts, directory: Path,  # noqa: F811
+                 segment_length: str = "128k") -> None:
         self.directory = directory / "recordings"
         self.port = free_port()
         self.config = directory / "archive.toml"
         self.config.write_text("\n".join([
             f'dir = "{self.directory}"', f'driver_dir = "{hosts.directories["ingest"]}"',
-            'segment_length = "128k"', f"control_port = {self.port}", "[[record]]",
+            f'segment_length = "{segment_length}"', f"control_port = {self.port}", "[[record]]",
             f'channel = "{hosts.channel}"', f"stream_id = {STREAM}", 'source = "remote"',
         ]) + "\n")
         self.log = directory / "archive.log"
@@ -226,7 +228,10 @@ def test_a_session_gone_while_the_query_was_down_is_read_from_the_archive_to_its
                                       archives[0].directory))
     query = planner(hosts, archives, in_place=True, failOnDataLoss="false")
     try:
-        start = run_batches(query, start, read, hosts, "ingest", time.monotonic() + 12)
+        deadline = time.monotonic() + 12
+        while not (isinstance(start.get(session), dict) and start[session].get("finished")) \
+                and time.monotonic() < deadline:
+            start = run_batches(query, start, read, hosts, "ingest", time.monotonic() + 0.2)
         # Finished: remembered (never read again) while the archives hold it.
         assert start[session]["finished"] is True
         if ending == "closed":

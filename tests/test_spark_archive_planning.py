@@ -34,7 +34,7 @@ from test_spark_session_ends import (  # noqa: F401  (hosts: a fixture)
     hosts,
 )
 
-from slipstream.client import SlipstreamError
+from slipstream.client import ExclusivePublication, SlipstreamError
 from slipstream.spark_bridge.options import parse_options
 from slipstream.spark_bridge.reader import LAG, SlipstreamBatchReader, read_range
 
@@ -129,6 +129,16 @@ def test_an_archived_range_is_cut_by_max_messages_per_trigger_over_several_trigg
     assert any(p.archived is None and p.end > p.start for p in planned[seam])
 
 
+def second_session(hosts: Hosts, archives: list[Archive]) -> ExclusivePublication:  # noqa: F811
+    """Publishing from the publisher host, recorded by the first archive, and a second
+    session of the stream there (an exclusive publication of its own)."""
+    hosts.publish_from("publisher")
+    wait_for(lambda: recordings(archives[0].directory), timeout=20, what="the recording")
+    assert hosts.publisher is not None
+    return hosts.publisher.add_exclusive_publication(f"{hosts.channel}|term-length={TERM}",
+                                                     STREAM)
+
+
 def test_min_partitions_splits_an_archived_range_at_message_boundaries(
         hosts: Hosts, archives: list[Archive]) -> None:  # noqa: F811
     """minPartitions=4 on a batch that is mostly archived: its archived range is cut into
@@ -156,11 +166,7 @@ def test_a_starting_timestamp_older_than_the_live_log_reads_every_message_after_
     and ended: a new query started at T reads every message stamped at or after T once, in
     order, from the archive and then the log, the ended session's from the archive (how long
     finding the start takes is a benchmark's figure: bench/spark_archive_read.py --part plan)."""
-    hosts.publish_from("publisher")
-    wait_for(lambda: recordings(archives[0].directory), timeout=20, what="the recording")
-    assert hosts.publisher is not None
-    ended = hosts.publisher.add_exclusive_publication(f"{hosts.channel}|term-length={TERM}",
-                                                      STREAM)
+    ended = second_session(hosts, archives)
     publish_stamped(hosts, 300)
     publish_stamped(hosts, 50, ended)
     time.sleep(0.05)
@@ -198,11 +204,7 @@ def test_starting_offsets_by_timestamp_start_each_session_at_its_own_time(
     than the live log: the first starts at its first message at or after its time (in the
     archive); the second has none after its time: with the strategy error the query fails
     naming it, with latest it starts at its last message and reads nothing of it."""
-    hosts.publish_from("publisher")
-    wait_for(lambda: recordings(archives[0].directory), timeout=20, what="the recording")
-    assert hosts.publisher is not None
-    other = hosts.publisher.add_exclusive_publication(f"{hosts.channel}|term-length={TERM}",
-                                                      STREAM)
+    other = second_session(hosts, archives)
     publish_stamped(hosts, 100)
     publish_stamped(hosts, 100, other)
     time.sleep(0.05)
@@ -240,11 +242,7 @@ def test_a_batch_read_with_no_holder_returns_an_ended_session_whole_from_the_arc
     """A session publishes several terms and ends; no holder holds anything.  A batch read
     naming only the archive returns that session whole, in order (and the live session's
     recorded range beside it), from startingPosition earliest to its end."""
-    hosts.publish_from("publisher")
-    wait_for(lambda: recordings(archives[0].directory), timeout=20, what="the recording")
-    assert hosts.publisher is not None
-    ended = hosts.publisher.add_exclusive_publication(f"{hosts.channel}|term-length={TERM}",
-                                                      STREAM)
+    ended = second_session(hosts, archives)
     sent = publish_stamped(hosts, 3 * MESSAGES_PER_TERM, ended)
     ended.close()
     wait_for(lambda: any(not r.is_active for r in recordings(archives[0].directory)),
@@ -309,33 +307,23 @@ def test_starting_times_per_session_are_keyed_by_stream_and_session() -> None:
 
 @pytest.mark.spark
 def test_spark_read_with_only_an_archive_returns_an_ended_session_whole(
-        hosts: Hosts, archives: list[Archive]) -> None:  # noqa: F811
+        spark, hosts: Hosts, archives: list[Archive]) -> None:  # noqa: F811
     """The user's path: spark.read.format("slipstream") with `archive` (and archiveDir) and
     no holder, after a session ended, in a local[2] Spark session: its rows, whole and in
     order, with its session id and publisher stamps."""
-    from slipstream.spark_bridge import session
-
-    hosts.publish_from("publisher")
-    wait_for(lambda: recordings(archives[0].directory), timeout=20, what="the recording")
-    assert hosts.publisher is not None
-    ended = hosts.publisher.add_exclusive_publication(f"{hosts.channel}|term-length={TERM}",
-                                                      STREAM)
+    ended = second_session(hosts, archives)
     sent = publish_stamped(hosts, 2 * MESSAGES_PER_TERM, ended)
     ended.close()
     wait_for(lambda: any(not r.is_active for r in recordings(archives[0].directory)),
              timeout=20, what="the ended session's recording stopped")
-    spark = session(master="local[2]", app_name="slipstream-archive-batch")
-    try:
-        rows = (spark.read.format("slipstream").option("streamId", str(STREAM))
-                .option("channel", hosts.channel)
-                .option("directory", str(hosts.directories["ingest"]))
-                .option("archive", archives[0].endpoint)
-                .option("archiveDir", str(archives[0].directory))
-                .option("replayTimeoutMs", "5000").load()
-                .where(f"session_id = {ended.session_id}")
-                .orderBy("position").select("value").collect())
-    finally:
-        spark.stop()
+    rows = (spark.read.format("slipstream").option("streamId", str(STREAM))
+            .option("channel", hosts.channel)
+            .option("directory", str(hosts.directories["ingest"]))
+            .option("archive", archives[0].endpoint)
+            .option("archiveDir", str(archives[0].directory))
+            .option("replayTimeoutMs", "5000").load()
+            .where(f"session_id = {ended.session_id}")
+            .orderBy("position").select("value").collect())
     assert [int(bytes(row.value)[:8]) for row in rows] == sent
 
 
@@ -364,11 +352,7 @@ def test_a_batch_read_at_a_starting_timestamp_leaves_out_a_session_that_ended_be
     after T.  A batch read from the archive at startingTimestamp T (strategy error) reads the
     live session's messages from T and leaves the ended one out, as a stream started at T
     does; named by startingOffsetsByTimestamp, that session still fails the read."""
-    hosts.publish_from("publisher")
-    wait_for(lambda: recordings(archives[0].directory), timeout=20, what="the recording")
-    assert hosts.publisher is not None
-    ended = hosts.publisher.add_exclusive_publication(f"{hosts.channel}|term-length={TERM}",
-                                                      STREAM)
+    ended = second_session(hosts, archives)
     publish_stamped(hosts, 2 * MESSAGES_PER_TERM, ended)
     ended.close()
     publish_stamped(hosts, 100)
@@ -408,11 +392,7 @@ def test_a_read_task_closed_early_stops_its_archive_replay_at_once(
     from slipstream.archive.settings import DEFAULT_CONTROL_STREAM_ID
     from slipstream.client import Client
 
-    hosts.publish_from("publisher")
-    wait_for(lambda: recordings(archives[0].directory), timeout=20, what="the recording")
-    assert hosts.publisher is not None
-    ended = hosts.publisher.add_exclusive_publication(f"{hosts.channel}|term-length={TERM}",
-                                                      STREAM)
+    ended = second_session(hosts, archives)
     publish_stamped(hosts, 6 * MESSAGES_PER_TERM, ended)
     ended.close()
     wait_for(lambda: any(not r.is_active for r in recordings(archives[0].directory)),
@@ -477,11 +457,7 @@ def test_a_stream_started_at_json_offsets_reads_a_named_session_only_the_archive
     stream whose startingOffsets names it at its 100th message reads it from there to its
     end from the archive, once each, in order; a session named that nobody has is waited
     for, with a warning naming it; one named past the ended session's end is refused."""
-    hosts.publish_from("publisher")
-    wait_for(lambda: recordings(archives[0].directory), timeout=20, what="the recording")
-    assert hosts.publisher is not None
-    ended = hosts.publisher.add_exclusive_publication(f"{hosts.channel}|term-length={TERM}",
-                                                      STREAM)
+    ended = second_session(hosts, archives)
     sent = publish_stamped(hosts, 2 * MESSAGES_PER_TERM, ended)
     ended.close()
     wait_for(lambda: any(not r.is_active for r in recordings(archives[0].directory)),

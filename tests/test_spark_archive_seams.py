@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import free_port, wait_for
+from helpers import wait_for
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 from test_archive import recordings
 from test_spark_archive import Archive
@@ -45,21 +45,8 @@ def payload(number: int) -> bytes:
     return f"{number:08d}".encode() + bytes([number % 251]) * (SIZE - 8)
 
 
-class SeamArchive(Archive):
-    """An archive of the stream whose segments hold 512 KiB terms."""
-
-    def __init__(self, hosts: Hosts, directory: Path) -> None:  # noqa: F811
-        self.directory = directory / "recordings"
-        self.port = free_port()
-        self.config = directory / "archive.toml"
-        self.config.write_text("\n".join([
-            f'dir = "{self.directory}"', f'driver_dir = "{hosts.directories["ingest"]}"',
-            'segment_length = "1m"', f"control_port = {self.port}", "[[record]]",
-            f'channel = "{hosts.channel}"', f"stream_id = {STREAM}", 'source = "remote"',
-        ]) + "\n")
-        self.log = directory / "archive.log"
-        self.process = None
-        self.start()
+#: The archives' segments here hold the stream's 512 KiB terms.
+SEGMENT_LENGTH = "1m"
 
 
 class Stream:
@@ -208,7 +195,7 @@ def test_a_message_cut_by_an_archive_restart_is_read_whole_from_the_other_archiv
         archives = []
         for name in ("first", "second"):
             (tmp_path / name).mkdir()
-            archive = SeamArchive(hosts, tmp_path / name)
+            archive = Archive(hosts, tmp_path / name, SEGMENT_LENGTH)
             stack.callback(archive.kill)
             archives.append(archive)
         stream = Stream(hosts, stack)
@@ -246,7 +233,7 @@ def test_a_message_no_archive_holds_whole_is_reported_as_loss_naming_its_range(
     a cut message fails naming its range."""
     with contextlib.ExitStack() as stack:
         (tmp_path / "only").mkdir()
-        archive = SeamArchive(hosts, tmp_path / "only")
+        archive = Archive(hosts, tmp_path / "only", SEGMENT_LENGTH)
         stack.callback(archive.kill)
         stream = Stream(hosts, stack)
         start, seams = down_with_a_seam(hosts, [archive], stream, True,

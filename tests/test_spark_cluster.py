@@ -551,11 +551,13 @@ with Client.connect() as client:
 
 #: The query: reads through the holder, writes each batch's rows to a file named by its batch
 #: id (written again when a batch runs again: idempotent), until ``expected`` distinct
-#: messages starting with ``prefix`` are in, then reports what the last offsets name.
+#: messages starting with ``prefix`` are in (and, with ``gone``, that session left the
+#: offsets), then reports what the last offsets name.
 #: The sink of the query applications below: each batch's rows (the first 9 bytes of the
 #: value, the session, the position) written to ``batches/<batch id>.json`` under ``work``,
 #: replaced whole (idempotent: a batch run again writes the same file); ``seen`` reads them
-#: back, ``last_offsets`` the checkpoint's last offsets line.
+#: back, ``last_offsets`` the checkpoint's last offsets line, ``print_result`` both as the
+#: application's RESULT line.
 SINK_HELPERS = """
 def sink(frame, batch_id):
     rows = [[bytes(r.value[:9]).decode(), r.session_id, r.position] for r in frame.collect()]
@@ -577,6 +579,11 @@ def last_offsets():
         return "{}"
     with open(max(paths, key=lambda path: int(os.path.basename(path)))) as f:
         return f.read().splitlines()[-1]
+
+def print_result():
+    values = seen()
+    print("RESULT", json.dumps({"rows": len(values), "distinct": len(set(values)),
+                                "last_offsets": last_offsets()}), flush=True)
 """
 
 
@@ -605,16 +612,13 @@ while time.monotonic() < deadline and \
         raise query.exception()
     time.sleep(0.5)
 
-time.sleep(8)  # the ended session's image goes at the holder; it leaves the offsets
 while gone is not None and f'"{gone}"' in last_offsets() and time.monotonic() < deadline:
     time.sleep(0.5)
 if query.exception() is not None:
     raise query.exception()
 query.stop()
 open(os.path.join(work, "stopped"), "w").close()
-values = seen()
-print("RESULT", json.dumps({"rows": len(values), "distinct": len(set(values)),
-                            "last_offsets": last_offsets()}), flush=True)
+print_result()
 spark.stop()
 """
 
@@ -633,23 +637,27 @@ def test_a_query_beside_the_ingest_holder_reads_every_message_once_as_a_publishe
     publisher = hosts[1].popen(sys.executable, "-c", TWO_PUBLISHERS, data, str(count),
                                str(PAYLOAD), str(tmp_path), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
+    published = ""
     try:
+        assert publisher.stdout is not None
+        published = publisher.stdout.readline()  # its sessions, printed as they are added
+        assert published.startswith("RESULT "), f"host 1's publisher printed {published!r}"
+        sessions = json.loads(published.removeprefix("RESULT "))
         run = spark.run_app(INGEST_QUERY, data, hosts[4].address, str(2 * count),
-                            str(tmp_path), "m", "true", host=4, conf=ONE_EXECUTOR_PER_WORKER,
-                            timeout=600)
+                            str(tmp_path), "m", "true", str(sessions["ending"]), host=4,
+                            conf=ONE_EXECUTOR_PER_WORKER, timeout=600)
         query = run.result()
     finally:
         (tmp_path / "stopped").touch()
         try:
-            published, errors = publisher.communicate(timeout=60)
+            rest, errors = publisher.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             publisher.kill()
-            published, errors = publisher.communicate()
+            rest, errors = publisher.communicate()
+        published += rest
         holder.terminate()
         holder_log, _ = holder.communicate(timeout=30)
-    sessions = next((json.loads(line.removeprefix("RESULT "))
-                     for line in published.splitlines() if line.startswith("RESULT ")), None)
-    assert sessions is not None and publisher.returncode == 0, (published, errors)
+    assert publisher.returncode == 0, (published, errors)
     assert query["distinct"] == query["rows"] == 2 * count, query
     last = json.loads(query["last_offsets"])
     assert str(sessions["ending"]) not in last and str(sessions["going"]) in last, query
@@ -792,7 +800,7 @@ try:
                 time.sleep(0.0002)
             accepted += 1
             if accepted % 50 == 0:
-                if not publication.wait_durable(position, 30):
+                if not publication.wait_durable(position, 120):
                     raise RuntimeError(f"not durable: {publication.why_not_durable(position)}")
                 durable = accepted
                 with open(os.path.join(work, f"durable-{prefix}.tmp"), "w") as f:
@@ -850,9 +858,7 @@ while time.monotonic() < deadline and (
 if query.exception() is not None:
     raise query.exception()
 query.stop()
-values = seen()
-print("RESULT", json.dumps({"rows": len(values), "distinct": len(set(values)),
-                            "last_offsets": last_offsets()}), flush=True)
+print_result()
 spark.stop()
 """
 
@@ -909,7 +915,7 @@ def test_durable_messages_are_read_once_through_downtime_and_the_publishing_host
         assert worker_driver, "the worker's driver was not killed mid-query"
         progress = tmp_path / "durable-d"
         at_stop = int(progress.read_text())
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300
         while int(progress.read_text()) < at_stop + 3 * (64 * 1024 // 160):  # 3 terms
             assert time.monotonic() < deadline, "the publisher did not go on while down"
             time.sleep(0.2)

@@ -28,20 +28,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 HEADERS = "array<struct<key: string, value: binary>>"
 
 
-@pytest.fixture(scope="module")
-def spark():
-    from slipstream.spark_bridge import session
-
-    spark = session(master="local[2]", app_name="slipstream-column-tests")
-    yield spark
-    spark.stop()
-
-
-@pytest.fixture
-def checkpoint(tmp_path) -> str:
-    return str(tmp_path / "checkpoint")
-
-
 def frame_rows(count: int) -> list[tuple[bytes, bytes | None, list | None]]:
     """(value, key, headers) rows covering every case: empty and null keys, empty and null
     headers, null header values, unicode header keys, every byte value, and every 40th value

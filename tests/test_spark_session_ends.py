@@ -16,7 +16,8 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -54,19 +55,29 @@ class Hosts:
         self._stack = stack
         self.directories: dict[str, Path] = {}
         self.drivers: dict[str, MediaDriver] = {}
-        for name in ("ingest", "publisher", "spark"):
-            self.start(name)
+        self.start("ingest", "publisher", "spark")
         self.port = free_port()
         self.channel = f"aeron:udp?endpoint=127.0.0.1:{self.port}"
         self.published = 0
         self.publisher: Client | None = None
         self.publication = None
 
-    def start(self, name: str) -> None:
-        directory = self.directories.setdefault(
-            name, Path("/dev/shm") / f"slipstream-ends-{uuid.uuid4().hex[:6]}-{name}")
-        self.drivers[name] = self._stack.enter_context(
-            MediaDriver.launch(directory=directory, **NETWORK_SETTINGS))
+    def start(self, *names: str) -> None:
+        """Start the drivers of ``names``, side by side (each start waits for a process)."""
+        launches = {name: MediaDriver.launch(directory=self.directories.setdefault(
+            name, Path("/dev/shm") / f"slipstream-ends-{uuid.uuid4().hex[:6]}-{name}"),
+            **NETWORK_SETTINGS) for name in names}
+        with ThreadPoolExecutor(len(names)) as pool:
+            starts = {name: pool.submit(launch.__enter__) for name, launch in launches.items()}
+        failed = None
+        for name, started in starts.items():  # the stack stops each one that started
+            if started.exception() is None:
+                self.drivers[name] = started.result()
+                self._stack.push(launches[name])
+            else:
+                failed = failed or started.exception()
+        if failed is not None:
+            raise failed
 
     def publish_from(self, name: str) -> None:
         self.publisher = self._stack.enter_context(Client.connect(self.directories[name]))
@@ -141,15 +152,19 @@ def numbers(partitions: list, directory: Path) -> list[int]:
 
 
 def run_batches(planner: SlipstreamStreamReader, start: dict, read: list[int],
-                directory: Path, until: float) -> dict:
-    """Plan, read and commit batches as Spark does until ``until`` (monotonic); returns the
-    last committed offsets.  Raises what the planner raises."""
+                directory: Path, until: float,
+                done: Callable[[dict], bool] | None = None) -> dict:
+    """Plan, read and commit batches as Spark does until ``until`` (monotonic) or, given
+    ``done``, until it holds for the committed offsets (``until`` then only bounds the wait);
+    returns the last committed offsets.  Raises what the planner raises."""
     while time.monotonic() < until:
         end = planner.latestOffset(start, ReadAllAvailable())
         if end != start:
             read += numbers(planner.partitions(start, end), directory)
             planner.commit(end)
             start = end
+        if done is not None and done(start):
+            break
         time.sleep(0.05)
     return start
 
@@ -206,7 +221,7 @@ def test_a_session_whose_publishing_driver_died_while_the_query_was_down_is_repo
             assert "whatever its publisher accepted after position" in message
         else:
             start = run_batches(planner, start, read, hosts.directories["spark"],
-                                time.monotonic() + 8)
+                                time.monotonic() + 15, lambda offsets: session not in offsets)
             assert session not in start
             assert read_system_counters(hosts.directories["spark"])[
                 SystemCounter.DATA_LOSS_SKIPS] == skips_before + 1
@@ -234,17 +249,17 @@ def test_a_publisher_that_ends_normally_leaves_the_offsets_in_silence(
         assert hosts.publication is not None
         session = str(hosts.publication.session_id)
         start = run_batches(planner, start, read, hosts.directories["spark"],
-                            time.monotonic() + 1)
+                            time.monotonic() + 10, lambda _: len(read) >= 300)
         stale = planner._images()[session]  # the state as a batch saw it
         hosts.publication.close()
         start = run_batches(planner, start, read, hosts.directories["spark"],
-                            time.monotonic() + 1)
+                            time.monotonic() + 1)  # the session still in the offsets
         assert read == list(range(300))
         wait_for(lambda: session not in planner._images(), timeout=10,
                  what="the session's image gone at the holder")
         assert stale.advance_to(position_of(start[session])) is None
         start = run_batches(planner, start, read, hosts.directories["spark"],
-                            time.monotonic() + 1)
+                            time.monotonic() + 10, lambda offsets: session not in offsets)
         assert session not in start
     finally:
         planner.stop()
@@ -268,7 +283,7 @@ def test_a_log_made_anew_after_the_query_went_names_that_cause_and_the_whole_ran
         wait_for(lambda: planner._images(), what="the session at the planner's host")
         hosts.publish(100)
         start = run_batches(planner, start, read, hosts.directories["spark"],
-                            time.monotonic() + 1)
+                            time.monotonic() + 10, lambda _: len(read) >= 100)
         assert read == list(range(100))
         hosts.publish(50)
         wait_for(lambda: all(v.available_position() > position_of(start[s])
@@ -315,7 +330,7 @@ def test_a_restarted_query_waits_for_its_sessions_images_before_calling_them_gon
         wait_for(lambda: first._images(), what="the session")
         hosts.publish(50)
         start = run_batches(first, start, read, hosts.directories["spark"],
-                            time.monotonic() + 1)
+                            time.monotonic() + 10, lambda _: len(read) >= 50)
         assert read == list(range(50))
     finally:
         first.stop()
@@ -331,7 +346,7 @@ def test_a_restarted_query_waits_for_its_sessions_images_before_calling_them_gon
         os.kill(publisher_pid, signal.SIGCONT)
         hosts.publish(50)
         start = run_batches(second, start, read, hosts.directories["spark"],
-                            time.monotonic() + 3)
+                            time.monotonic() + 10, lambda _: len(read) >= 100)
     finally:
         os.kill(publisher_pid, signal.SIGCONT)
         second.stop()
@@ -417,7 +432,7 @@ def test_a_restarted_holder_is_given_time_to_hold_again_and_its_loss_named_so(
             wait_for(lambda: planner._images(), what="the session at the holder")
             hosts.publish(100)
             start = run_batches(planner, start, read, hosts.directories["spark"],
-                                time.monotonic() + 1)
+                                time.monotonic() + 10, lambda _: len(read) >= 100)
             assert read == list(range(100))
         finally:
             planner.stop()

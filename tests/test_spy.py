@@ -35,6 +35,7 @@ from helpers import (
     free_port,
     lacking,
     message,
+    network_publication,
     offer_until,
     process_state,
     publisher_limits,
@@ -50,20 +51,14 @@ from slipstream.client import (
     control,
 )
 from slipstream.client._native import ffi, lib
-from slipstream.client.channel import parse_channel
 from slipstream.client.counters import CountersFile, CounterType
 from slipstream.client.frames import StatusMessage
 from slipstream.client.layout import NO_DEADLINE
 from slipstream.client.logbuffer import LogBuffer, new_appender
 from slipstream.daemon._network import lib as network
-from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.flow.registry import flow_control_for
-from slipstream.daemon.protocol.params import PublicationParams
-from slipstream.daemon.protocol.types import LocalCounters
 from slipstream.daemon.streams.publication import (
     NetworkPublication,
     PublicationState,
-    SenderPositions,
 )
 
 TERM = 64 * 1024  # the network test drivers' term length (helpers.NETWORK_SETTINGS)
@@ -604,19 +599,11 @@ def test_what_a_spy_acts_on_is_accepted(launch) -> None:
 
 # -- the publication's rules on their own (no driver) ---------------------------------------------
 def _publication(shm: Path) -> tuple[NetworkPublication, LogBuffer, object]:
-    log = LogBuffer.create(shm / f"{uuid.uuid4().hex}.log", term_length=TERM,
-                           initial_term_id=10, session_id=5, stream_id=6, mtu=1408,
-                           correlation_id=1)
-    positions = SenderPositions.in_process()
-    settings = DriverSettings(term_buffer_length=TERM)
-    params = PublicationParams.for_network(parse_channel("aeron:udp?endpoint=10.0.0.2:1"),
-                                           settings)
-    publication = NetworkPublication(
-        log=log, params=params, settings=settings, positions=positions,
-        flow_control=flow_control_for(params), counters=LocalCounters(), now_ns=0,
-        destination=("10.0.0.2", 1))
+    publication = network_publication(shm, "aeron:udp?endpoint=10.0.0.2:1", ("10.0.0.2", 1),
+                                      term_length=TERM)
     publication.on_frame(StatusMessage(5, 6, 10, 0, TERM // 2, 99, 0), ("10.0.0.2", 1), 0)
-    return publication, log, new_appender(log, positions.publisher_limit)
+    return publication, publication.log, new_appender(publication.log,
+                                                      publication.positions.publisher_limit)
 
 
 def _send_all(publication: NetworkPublication, now_ns: int) -> None:

@@ -19,24 +19,19 @@ from pathlib import Path
 
 import attrs
 import pytest
+from helpers import network_publication
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slipstream.client._native import lib
-from slipstream.client.channel import parse_channel
 from slipstream.client.counters import SystemCounter
 from slipstream.client.frames import StatusMessage
 from slipstream.client.layout import INT32_MAX, INT32_MIN
-from slipstream.client.logbuffer import LogBuffer, new_appender
+from slipstream.client.logbuffer import new_appender
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
-from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.flow.registry import flow_control_for
 from slipstream.daemon.flow.unicast import UnicastFlowControl
 from slipstream.daemon.media.send_channel import SendChannel
-from slipstream.daemon.protocol.params import PublicationParams
-from slipstream.daemon.protocol.types import LocalCounters
-from slipstream.daemon.streams.publication import NetworkPublication, SenderPositions
 
 TERM = 64 * 1024
 HALF_TERM = TERM // 2
@@ -75,19 +70,12 @@ class Sender:
 
     def __init__(self, directory: Path, *, sent: int = TERM + HALF_TERM,
                  c_takes_sms: bool = True) -> None:
-        self.path = directory / f"{uuid.uuid4().hex}.log"
-        log = LogBuffer.create(self.path, term_length=TERM, initial_term_id=INITIAL_TERM_ID,
-                               session_id=SESSION, stream_id=STREAM, mtu=1408, correlation_id=1)
-        self.positions = positions = SenderPositions.in_process()
-        s = DriverSettings(term_buffer_length=TERM)
-        self.counters = counters = LocalCounters()
-        params = PublicationParams.for_network(parse_channel(URI), s)
-        self.pub = pub = NetworkPublication(
-            log=log, params=params, settings=s, positions=positions,
-            flow_control=flow_control_for(params), counters=counters, now_ns=0,
-            destination=DEST)
+        self.pub = pub = network_publication(
+            directory, URI, DEST, term_length=TERM, initial_term_id=INITIAL_TERM_ID,
+            session_id=SESSION, stream_id=STREAM)
+        self.path, self.positions, self.counters = pub.log.path, pub.positions, pub.counters
         assert isinstance(pub.flow_control, UnicastFlowControl)
-        self.channel = channel = SendChannel(counters=counters)
+        self.channel = channel = SendChannel(counters=pub.counters)
         channel.add_publication(pub)
         #: The datagrams the C dispatch handed up to Python (which then ran them).
         self.passed_up: list[bytes] = []
@@ -99,7 +87,7 @@ class Sender:
 
         channel.on_control = on_control
         self.c_takes_sms = c_takes_sms
-        self.appender = new_appender(log, positions.publisher_limit)
+        self.appender = new_appender(pub.log, pub.positions.publisher_limit)
         self.spans = network_ffi.new("ss_span_t[]", 64 + network.SS_RETRANSMIT_MAX)
         self.now_ns = 0
         pub.on_frame(sm(0, WINDOW), DEST, self.now_ns)
@@ -137,13 +125,9 @@ class Sender:
             datagram = datagram.encode()
         self.channel.on_datagram(datagram, DEST, self.tick())
 
-    @property
-    def snd_pos(self) -> int:
-        return self.pub.sender_position
-
-    @property
-    def snd_lmt(self) -> int:
-        return self.pub.sender_limit
+    #: The publication's sender position and limit, by their counters' names (bytes).
+    snd_pos = property(lambda self: self.pub.sender_position)
+    snd_lmt = property(lambda self: self.pub.sender_limit)
 
     @property
     def c_took(self) -> int:

@@ -33,7 +33,6 @@ from slipstream.client.strategy_grammar import (
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.driver import MediaDriver
 from slipstream.daemon.flow import strategy
-from slipstream.daemon.flow.congestion_control import CongestionControl
 from slipstream.daemon.flow.cubic import CubicCongestionControl
 from slipstream.daemon.flow.flow_control import FlowControl, sm_limit
 from slipstream.daemon.flow.registry import (
@@ -44,6 +43,7 @@ from slipstream.daemon.flow.registry import (
     register_flow_control,
     unregister,
 )
+from slipstream.daemon.flow.static_window import StaticWindowCongestionControl
 from slipstream.daemon.flow.strategy import StrategyCounter
 from slipstream.daemon.flow.unicast import UnicastFlowControl
 from slipstream.daemon.protocol.params import (
@@ -84,10 +84,10 @@ class HalfWindowFlowControl(FlowControl):
         return position + sm.receiver_window * self.share // 100
 
 
-class FixedWindowCongestionControl(CongestionControl):
+class FixedWindowCongestionControl(StaticWindowCongestionControl):
     """A window of its own (``window:``, capped at half a term), which never changes: static,
-    so the C half runs the image's rebuild passes and status messages; one counter, the
-    window."""
+    with cc=static's rules, so the C half runs the image's rebuild passes and status messages;
+    one counter, the window."""
 
     uri = StrategyGrammar(
         "cc", "fixed", "a fixed window of its own",
@@ -95,27 +95,13 @@ class FixedWindowCongestionControl(CongestionControl):
                         fields="window", default=64 * KIB),))
     is_static = True
     counters = (StrategyCounter("rcv-cc-fixed-wnd", "slipstream_image_fixed_window_bytes",
-                                "The window of a cc=fixed image", read=lambda cc: cc.window),)
-
-    def __init__(self, window: int) -> None:
-        self.window = window
+                                "The window of a cc=fixed image",
+                                read=lambda cc: cc.window_length),)
 
     @classmethod
     def from_params(cls, params: SubscriptionParams, term_length: int, sender_mtu: int,
                     now_ns: int = 0) -> Self:
         return cls(min(params.congestion_control_options["window"], term_length // 2))
-
-    def initial_window_length(self) -> int:
-        return self.window
-
-    def max_window_length(self) -> int:
-        return self.window
-
-    def on_track_rebuild(self, now_ns: int, *, consumption_position: int,
-                         last_sm_position: int, hwm_position: int,
-                         rebuild_start_position: int, rebuild_end_position: int,
-                         loss_found: bool) -> tuple[bool, int]:
-        return False, self.window
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import wait_for
+from helpers import NETWORK_SETTINGS, free_port, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,7 +17,7 @@ from slipstream.client.counters import CountersFile, CountersFullError, CounterT
 from slipstream.client.errors import SlipstreamError
 from slipstream.daemon._network import ffi
 from slipstream.daemon.conductor import ipc
-from slipstream.daemon.conductor.conductor import DriverConductor
+from slipstream.daemon.conductor.conductor import WATCH_SPACING_NS_PER_WORD, DriverConductor
 from slipstream.daemon.conductor.watch import WordWatch
 from slipstream.daemon.config import DriverSettings, load_settings
 from slipstream.daemon.driver import MediaDriver
@@ -70,17 +70,46 @@ def _conductor_with_pairs(shm: Path, pairs: int) -> tuple[DriverConductor, Count
 def test_an_idle_cycle_passes_over_no_publication_and_one_that_moved_alone(
         shm: Path, monkeypatch: pytest.MonkeyPatch, pairs: int) -> None:
     """Settled, a conductor cycle passes over none of the IPC publications; when one
-    subscriber's position moves, over that one publication alone, whatever the count."""
+    subscriber's position moves, over that one publication alone, whatever the count (the
+    cycles 10 ms apart: each looks at the watched words)."""
     passes = _Passes(monkeypatch)
+    conductor, counters, images = _conductor_with_pairs(shm, pairs)
+    try:
+        times = iter(range(2_000_000, 10**12, 10_000_000))
+        for _ in range(3):  # settle
+            conductor.do_work(next(times))
+        assert passes.during(lambda: conductor.do_work(next(times))) == 0
+        counters.set(images[pairs // 2]["subscriber_position_counter_id"], 64)
+        assert passes.during(lambda: conductor.do_work(next(times))) == 1
+        assert passes.during(lambda: conductor.do_work(next(times))) == 0
+    finally:
+        conductor.close(0)
+        counters.close()
+
+
+def test_a_change_between_the_watchs_looks_is_found_at_the_deadline_the_conductor_asks(
+        shm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cycles closer together than the watch's spacing (commands, marks) do not look at the
+    watched words: a subscriber position that moved meanwhile is passed over by the cycle at
+    the deadline the conductor then asks for, no later than the spacing of its words after
+    the last look, and a conductor owing no look asks for none."""
+    passes = _Passes(monkeypatch)
+    pairs = 400
     conductor, counters, images = _conductor_with_pairs(shm, pairs)
     try:
         now = 2_000_000
         for _ in range(3):  # settle
+            now += 10_000_000
             conductor.do_work(now)
-        assert passes.during(lambda: conductor.do_work(now)) == 0
+        idle_deadline = conductor.next_deadline_ns()
+        assert idle_deadline >= now + 100_000_000  # the timer's, not the watch's
+        spacing = len(conductor._ipc_watch) * WATCH_SPACING_NS_PER_WORD
         counters.set(images[pairs // 2]["subscriber_position_counter_id"], 64)
-        assert passes.during(lambda: conductor.do_work(now)) == 1
-        assert passes.during(lambda: conductor.do_work(now)) == 0
+        assert passes.during(lambda: conductor.do_work(now + 1)) == 0
+        deadline = conductor.next_deadline_ns()
+        assert now + 1 < deadline <= now + spacing
+        assert passes.during(lambda: conductor.do_work(deadline)) == 1
+        assert conductor.next_deadline_ns() == idle_deadline
     finally:
         conductor.close(0)
         counters.close()
@@ -247,5 +276,56 @@ def test_ten_thousand_ipc_pairs_are_added_under_the_default_settings(shm: Path) 
             wait_for(lambda: all(len(s.images) == 1 for s in subscriptions), timeout=60)
         finally:
             ours.send("done")
-            publisher.join(60)
+            # Its client closes 10,000 publications and unmaps their logs: minutes on a
+            # loaded host, as long as the adds themselves may take.
+            publisher.join(600)
         assert publisher.exitcode == 0
+
+
+def test_removing_one_of_many_udp_endpoints_leaves_the_others_found(shm: Path) -> None:
+    """Each UDP pair on an endpoint of its own; the middle pair removed: its send and receive
+    endpoints close (the agents' events find them among the others), the other pairs still
+    carry messages, and a pair added again on the removed port connects anew."""
+    driver = MediaDriver.embedded(shm / "driver", **NETWORK_SETTINGS)
+    try:
+        network = driver.conductor.network
+        assert network is not None
+        uris = [f"aeron:udp?endpoint=127.0.0.1:{free_port()}" for _ in range(5)]
+        with Client.connect(driver.directory, invoker=driver.do_work) as client:
+
+            def add(i: int):
+                return (client.add_subscription(uris[i], 1000 + i),
+                        client.add_publication(uris[i], 1000 + i))
+
+            def connected(pair) -> bool:
+                subscription, publication = pair
+                return bool(publication.is_connected and subscription.images)
+
+            def carries(pair, text: bytes) -> bool:
+                subscription, publication = pair
+                wait_for(lambda: (driver.do_work(), publication.offer(text) > 0)[1],
+                         what="the offer taken")
+                seen: list[bytes] = []
+                wait_for(lambda: (driver.do_work(), subscription.poll(
+                    lambda data, _h: seen.append(bytes(data)), 10))[1], what="the message")
+                return seen == [text]
+
+            pairs = [add(i) for i in range(len(uris))]
+            wait_for(lambda: (driver.do_work(), all(connected(p) for p in pairs))[1],
+                     what="every pair connected")
+            endpoints = (len(network._send_side._send_endpoints),
+                         len(network._receive_side._receive_endpoints))
+            assert endpoints == (5, 5)
+            for part in pairs[2]:
+                part.close()
+            wait_for(lambda: (driver.do_work(),
+                              (len(network._send_side._send_endpoints),
+                               len(network._receive_side._receive_endpoints)) == (4, 4))[1],
+                     what="the removed pair's endpoints closed")
+            assert all(carries(pairs[i], b"still here %d" % i) for i in (0, 1, 3, 4))
+            pairs[2] = add(2)
+            wait_for(lambda: (driver.do_work(), connected(pairs[2]))[1],
+                     what="the pair added again connected")
+            assert carries(pairs[2], b"back")
+    finally:
+        driver.close()

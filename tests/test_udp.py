@@ -28,6 +28,7 @@ from helpers import (
     run_stat,
     stream,
     stream_counted,
+    stream_to_all,
     wait_for,
 )
 
@@ -161,10 +162,7 @@ def test_multicast_to_several_subscriber_drivers(launch) -> None:
     # falls half a term behind the fastest is past the resend window for good, as in Aeron.
     with multicast(launch, "fc=min,g:/3", receivers=3) as (
             publisher, _, publication, subscriptions):
-        collectors = [Collector(s) for s in subscriptions]
-        stream(publication, collectors, 10_000, lambda i: 100 + i % 700)
-        for collector in collectors:
-            collector.assert_exactly(10_000)
+        stream_to_all(publication, subscriptions, 10_000, lambda i: 100 + i % 700)
         # The receivers min flow control holds the sender to are a counter (Aeron's
         # fc-receivers, type 17), in stat as in AeronStat.
         [receivers] = counters_labelled(publisher, "fc-receivers: ")
@@ -442,7 +440,9 @@ def test_a_steady_streams_liveness_timers_are_the_c_halves_not_a_python_pass_eac
     timeout, 4 times or more in the run).  The image's still goes: the publishing driver
     killed, it is gone within the timeout."""
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
-    a, b = launch(), launch()  # publication_connection_timeout and image_liveness_timeout 1 s
+    # publication_connection_timeout and image_liveness_timeout 1 s; the publication's
+    # blocked-publisher look (every half unblock timeout, a Python timer) past the run.
+    a, b = launch(publication_unblock_timeout="30s"), launch()
     ca = Client.connect(a.directory)
     with Client.connect(b.directory) as cb:
         subscription = cb.add_subscription(uri, 1006)

@@ -19,6 +19,8 @@ never per duty cycle.  The driver's network thread runs the C half in a C loop
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -30,11 +32,80 @@ from slipstream.daemon.media import send_point
 
 Endpoint = TypeVar("Endpoint")
 Command = TypeVar("Command")
+Member = TypeVar("Member")
 
 #: ``ss_agent_python_due``'s clock for "due whatever the time" (every timer in the future).
 _NEVER = -NO_DEADLINE
 #: Its reasons to run the Python half other than the Python half's timer.
 _DUE_BUT_TIMER = ~network.SS_DUE_TIMER
+#: The reason of a Python half due for its commands alone.
+_DUE_COMMANDS_ONLY = network.SS_DUE_COMMANDS
+
+
+class DueTimers(Generic[Member]):
+    """Each member's next timer (a time in ns, the agent's clock), in a heap: a pass takes
+    the members whose time came (:meth:`take_due`) without looking at the others.  A member
+    has at most one timer; setting it again replaces it (the old heap entry stays, stale,
+    until it comes up or the heap is compacted)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, Member]] = []
+        self._due_at: dict[int, tuple[int, Member]] = {}  # by id(member)
+        self._order = itertools.count()  # ties go in the order set, never by member
+
+    def __len__(self) -> int:
+        """The members with a timer."""
+        return len(self._due_at)
+
+    def set(self, member: Member, due_ns: int) -> None:
+        """``member``'s timer at ``due_ns`` (NO_DEADLINE: none)."""
+        key = id(member)
+        if due_ns >= NO_DEADLINE:
+            self._due_at.pop(key, None)
+            return
+        entry = self._due_at.get(key)
+        if entry is not None and entry[0] == due_ns:
+            return
+        self._due_at[key] = (due_ns, member)
+        heap = self._heap
+        if len(heap) > 2 * len(self._due_at) + 64:  # mostly stale: made anew, O(members)
+            self._heap = heap = [(due, next(self._order), m) for due, m in self._due_at.values()]
+            heapq.heapify(heap)
+        else:
+            heapq.heappush(heap, (due_ns, next(self._order), member))
+
+    def forget(self, member: object) -> None:
+        """``member`` has no timer from now on (it left the agent)."""
+        self._due_at.pop(id(member), None)
+
+    def clear(self) -> None:
+        self._heap.clear()
+        self._due_at.clear()
+
+    def _is_current(self, due_ns: int, member: Member) -> bool:
+        entry = self._due_at.get(id(member))
+        return entry is not None and entry[0] == due_ns and entry[1] is member
+
+    def take_due(self, now_ns: int) -> list[Member]:
+        """The members whose timer is at or before ``now_ns``, earliest first; their timers
+        go (the pass that visits them sets the next)."""
+        heap, due = self._heap, []
+        while heap and heap[0][0] <= now_ns:
+            due_ns, _, member = heapq.heappop(heap)
+            if self._is_current(due_ns, member):
+                del self._due_at[id(member)]
+                due.append(member)
+        return due
+
+    def earliest(self) -> int:
+        """The earliest timer (NO_DEADLINE: none)."""
+        heap = self._heap
+        while heap:
+            due_ns, _, member = heap[0]
+            if self._is_current(due_ns, member):
+                return due_ns
+            heapq.heappop(heap)
+        return NO_DEADLINE
 
 
 class Agent(Generic[Endpoint, Command]):
@@ -58,6 +129,13 @@ class Agent(Generic[Endpoint, Command]):
         self._c_members: tuple[object, ...] | None = None
         #: Some endpoint or publication has no socket (the simulator's): see _virtual_io.
         self._has_virtual_io = True
+        #: Commands run since the agent was made that may have changed its members (its
+        #: endpoints change only by them): all but those :meth:`on_command` said False of.
+        self.member_commands = 0
+        #: The streams (publications, images) the last Python pass visited: the ones whose
+        #: rules and timers it ran and whose deadlines it asked (0: a pass of commands that
+        #: changed no stream's rules or timers, see :meth:`on_command`).
+        self.streams_visited = 0
 
     def enqueue(self, command: Command) -> None:
         """Queue ``command`` for the agent's next Python pass, which runs it with that pass's
@@ -66,8 +144,10 @@ class Agent(Generic[Endpoint, Command]):
         self._commands.append(command)
         self.c.commands = 1
 
-    def on_command(self, command: Command, now_ns: int) -> None:
-        """Run one command on the agent's thread: the agent's one dispatch of them."""
+    def on_command(self, command: Command, now_ns: int) -> bool | None:
+        """Run one command on the agent's thread: the agent's one dispatch of them.  Returns
+        False when it changed no stream's rules or timers (nor the agent's members): a pass
+        due for such commands alone visits no stream."""
         raise NotImplementedError
 
     def add_endpoint(self, endpoint: Endpoint) -> None:
@@ -78,19 +158,32 @@ class Agent(Generic[Endpoint, Command]):
         if endpoint in self.endpoints:
             self.endpoints.remove(endpoint)
 
-    def _run_commands(self, now_ns: int) -> int:
-        """Run the queued commands; returns how many ran."""
+    def _run_commands(self, now_ns: int) -> tuple[int, bool]:
+        """Run the queued commands: (how many ran, whether the pass need not visit the
+        streams for them).  The latter holds when the pass is due for its commands alone
+        (``c.due``: no input, no stream's rule, no timer) and each of them changed no
+        stream's rules or timers nor the agent's members (:meth:`on_command` said False, as
+        a governor step that keeps every interval does): the C half's view and the Python
+        half's deadline then stay as they are."""
+        light = self.c.due == _DUE_COMMANDS_ONLY
         self.c.commands = 0  # before the queue: a command queued meanwhile raises it again
         ran = 0
         commands = self._commands
         try:
             while commands:
-                self.on_command(commands.popleft(), now_ns)
+                # Counted first: one that raises may have changed the members.
+                self.member_commands += 1
+                if self.on_command(commands.popleft(), now_ns) is False:
+                    self.member_commands -= 1
+                else:
+                    light = False
                 ran += 1
         finally:
             if commands:  # one raised: the rest run at the next pass, not at some timer
                 self.c.commands = 1
-        return ran
+        if light:
+            self.streams_visited = 0
+        return ran, light
 
     @property
     def has_commands(self) -> bool:
@@ -105,7 +198,9 @@ class Agent(Generic[Endpoint, Command]):
         work, python_input = self._virtual_io(now_ns) if self._has_virtual_io else (0, False)
         work += network.ss_agent_do_work(c, now_ns)
         send_point.raise_port_errors()  # the C half's sends through the simulator's ports
-        if c.due or python_input:
+        if python_input:
+            c.due |= network.SS_DUE_INPUT  # the simulator's: for do_python_work to see
+        if c.due:
             work += self.do_python_work(now_ns)
         return work
 
@@ -127,9 +222,19 @@ class Agent(Generic[Endpoint, Command]):
         """(endpoint receivers, images, send publications): the C structs the C half reads."""
         raise NotImplementedError
 
-    def _sync_c(self, python_deadline_ns: Callable[[], int]) -> None:
-        """Point the C half at the current endpoints, images and publications, then give it
-        the Python half's next deadline (0, Python at once, if that fails)."""
+    def _sync_c(self, python_deadline_ns: Callable[[], int], *,
+                members_changed: bool = True) -> None:
+        """Point the C half at the current endpoints, images and publications (unless
+        ``members_changed`` is False: the caller knows them unchanged since the last call),
+        then give it the Python half's next deadline (0, Python at once, if that fails)."""
+        if members_changed:
+            self._sync_members()
+        network.ss_agent_schedule_heartbeats(self.c)
+        self.c.python_deadline_ns = 0
+        self.c.python_deadline_ns = python_deadline_ns()
+
+    def _sync_members(self) -> None:
+        """The C half's arrays from :meth:`_c_view`, made anew when its members differ."""
         receivers, images, publications = members = self._c_view()
         flat = (*receivers, *images, *publications)
         if flat != self._c_members:
@@ -139,12 +244,13 @@ class Agent(Generic[Endpoint, Command]):
                       network_ffi.new("ss_image_t *[]", images or 1),
                       network_ffi.new("ss_send_publication_t *[]", publications or 1))
             c.endpoints, c.images, c.publications = arrays
+            # Room for every member in the C half's list of those due, set with the counts
+            # it is sized by.
+            due_members = network_ffi.new("int32_t[]", max(1, len(flat)))
+            c.due_members, c.due_members_count = due_members, 0
             c.endpoint_count, c.image_count, c.publication_count = map(len, members)
-            self._arrays = (*arrays, *self._by_fd(receivers, publications))
+            self._arrays = (*arrays, due_members, *self._by_fd(receivers, publications))
         self._has_virtual_io = self._virtual_members()
-        network.ss_agent_schedule_heartbeats(self.c)
-        self.c.python_deadline_ns = 0
-        self.c.python_deadline_ns = python_deadline_ns()
 
     def _by_fd(self, receivers: list, publications: list) -> tuple[object, ...]:
         """The C half's tables sized by the arrays: each endpoint by its fd (the network

@@ -18,20 +18,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import attrs
 
 from slipstream.client.channel import Channel
 from slipstream.daemon.agents.endpoints import ReceiveEndpoint, SendEndpoint
+from slipstream.daemon.media.events import ImageRequested
+from slipstream.daemon.media.receive_channel import ReceiveChannel
+from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.protocol.types import Address
-
-if TYPE_CHECKING:
-    from slipstream.daemon.media.events import ImageRequested
-    from slipstream.daemon.media.receive_channel import ReceiveChannel
-    from slipstream.daemon.media.send_channel import SendChannel
-    from slipstream.daemon.streams.image import PublicationImage
-    from slipstream.daemon.streams.publication import NetworkPublication
+from slipstream.daemon.streams.image import PublicationImage
+from slipstream.daemon.streams.publication import NetworkPublication
 
 
 # -- either agent -----------------------------------------------------------------------------

@@ -23,6 +23,8 @@ import logging
 from collections.abc import Callable
 
 from slipstream.client.layout import NO_DEADLINE
+from slipstream.daemon._network import ffi as network_ffi
+from slipstream.daemon._network import lib as network
 from slipstream.daemon.agents.agent import Agent
 from slipstream.daemon.agents.commands import (
     AddPublicationImage,
@@ -49,6 +51,9 @@ from slipstream.daemon.pressure.governor import STATUS_INTERVAL_FACTOR
 
 log = logging.getLogger("slipstream.driver")
 
+#: The reasons for which a pass visits only the members the C half listed as due.
+DUE_MEMBERS = network.SS_DUE_INPUT | network.SS_DUE_IMAGE
+
 
 class Receiver(Agent[ReceiveEndpoint, ReceiverCommand]):
     """The receiver agent: every receive endpoint's input, images and timers.
@@ -63,9 +68,20 @@ class Receiver(Agent[ReceiveEndpoint, ReceiverCommand]):
         super().__init__(is_sender=False)
         self._on_event = on_event
         self._status_interval_factor = 1
+        #: Each C member's endpoint (see _c_view), and each endpoint's Python deadline as its
+        #: last pass left it (by id(endpoint)).
+        self._member_endpoints: list[ReceiveEndpoint] = []
+        self._deadlines: dict[int, int] = {}
+        #: Each endpoint by id of its channel (the commands name channels).
+        self._endpoint_of: dict[int, ReceiveEndpoint] = {}
+        #: The endpoints the commands of the pass under way touched, by id, or None once one
+        #: touched what no endpoint holds alone (see _touch).
+        self._touched: dict[int, ReceiveEndpoint] | None = None
 
-    def on_command(self, command: ReceiverCommand, now_ns: int) -> None:
-        """Run one of the conductor's commands (see their records)."""
+    def on_command(self, command: ReceiverCommand, now_ns: int) -> bool | None:
+        """Run one of the conductor's commands (see their records); False: it changed no
+        stream's rules or timers (see :meth:`Agent.on_command`)."""
+        self._touch(command)
         match command:
             case AddPublicationImage(channel, image):
                 channel.add_image(image)
@@ -93,9 +109,30 @@ class Receiver(Agent[ReceiveEndpoint, ReceiverCommand]):
             case RemoveReceiveEndpoint():
                 self._remove_endpoint(command, now_ns)
             case SetPressureStep(step):
-                self.set_pressure_step(step)
+                return self.set_pressure_step(step)
             case _:
                 raise TypeError(f"not a receiver command: {command!r}")
+        return None
+
+    def _touch(self, command: ReceiverCommand) -> None:
+        """Note the one endpoint whose streams ``command`` changes (an endpoint added, its
+        interest, an image added or refused), which its pass then visits with those the C
+        half listed as due, not every endpoint; any other command makes the pass visit all."""
+        if self._touched is None:
+            return
+        match command:
+            case AddReceiveEndpoint(endpoint):
+                touched: ReceiveEndpoint | None = endpoint
+            case AddPublicationImage(channel, _) | SetInterest(channel, _, _):
+                touched = self._endpoint_of.get(id(channel))
+            case RejectImage(request, _, _):
+                touched = self._endpoint_of.get(id(request.channel))
+            case _:
+                touched = None
+        if touched is None:
+            self._touched = None
+        else:
+            self._touched[id(touched)] = touched
 
     def _add_destination(self, command: AddReceiveDestination) -> None:
         endpoint, transport = command.endpoint, command.transport
@@ -129,6 +166,7 @@ class Receiver(Agent[ReceiveEndpoint, ReceiverCommand]):
         endpoint.transport.attach_channel(endpoint.channel)
         endpoint.channel.set_status_interval_factor(self._status_interval_factor)
         super().add_endpoint(endpoint)
+        self._endpoint_of[id(endpoint.channel)] = endpoint
 
     def remove_endpoint(self, endpoint: ReceiveEndpoint, now_ns: int | None = None) -> None:
         """Stop using ``endpoint``.  With ``now_ns``, first send what its images have due: the
@@ -145,6 +183,8 @@ class Receiver(Agent[ReceiveEndpoint, ReceiverCommand]):
                     self._on_event(event)
         finally:  # a farewell that fails still lets the endpoint go (and its owner close it)
             super().remove_endpoint(endpoint)
+            if self._endpoint_of.get(id(endpoint.channel)) is endpoint:
+                del self._endpoint_of[id(endpoint.channel)]
 
     def leave(self, now_ns: int) -> None:
         """The driver stops: every image of every endpoint tells its sender that this
@@ -163,11 +203,17 @@ class Receiver(Agent[ReceiveEndpoint, ReceiverCommand]):
                 log.exception("telling the senders of %s that this receiver leaves failed",
                               endpoint.channel)
 
-    def set_pressure_step(self, step: int) -> None:
-        """The governor's step: from step 2 every image's status-message interval widens."""
-        self._status_interval_factor = STATUS_INTERVAL_FACTOR if step >= 2 else 1
-        for endpoint in self.endpoints:
-            endpoint.channel.set_status_interval_factor(self._status_interval_factor)
+    def set_pressure_step(self, step: int) -> bool:
+        """The governor's step: from step 2 every image's status-message interval widens (a
+        store each, read when its next SM is scheduled: no deadline the halves hold moves).
+        Returns False: no step changes a stream's rules or timers, so none costs a pass over
+        the streams (:meth:`Agent.on_command`)."""
+        factor = STATUS_INTERVAL_FACTOR if step >= 2 else 1
+        if factor != self._status_interval_factor:
+            self._status_interval_factor = factor
+            for endpoint in self.endpoints:
+                endpoint.channel.set_status_interval_factor(factor)
+        return False
 
     def _virtual_io(self, now_ns: int) -> tuple[int, bool]:
         """The simulator's endpoints: their datagrams through the same C dispatch."""
@@ -183,11 +229,26 @@ class Receiver(Agent[ReceiveEndpoint, ReceiverCommand]):
     def do_python_work(self, now_ns: int) -> int:
         """The Python half (see :class:`~slipstream.daemon.agents.agent.Agent`): commands,
         datagrams for Python (SETUP, RTTM, a new session), the images' Python work (what
-        the C half does not run: see the module), and the events for the conductor."""
-        work = 0
+        the C half does not run: see the module), and the events for the conductor.
+
+        A pass due for input, images or commands alone (no timer) visits only the endpoints
+        the C half listed (``due_members``: an endpoint with input for Python, an image whose
+        rule made the pass due) and those its commands touched (:meth:`_touch`: adding a
+        stream visits its own endpoint, not every one); any other pass visits every
+        endpoint."""
+        work, light = 0, False
+        visit = self.endpoints
         try:
-            work += self._run_commands(now_ns)
-            for endpoint in self.endpoints:
+            due = self.c.due
+            self._touched = {}
+            work, light = self._run_commands(now_ns)
+            if light:
+                return work
+            touched, self._touched = self._touched, None
+            if touched is not None and not due & ~(DUE_MEMBERS | network.SS_DUE_COMMANDS):
+                visit = self._due_endpoints(touched)
+            self.streams_visited = sum(len(e.channel.images) for e in visit)
+            for endpoint in visit:
                 channel = endpoint.channel
                 work += endpoint.transport.dispatch(channel, now_ns)
                 out = channel.datagrams_to_send(now_ns)
@@ -200,14 +261,52 @@ class Receiver(Agent[ReceiveEndpoint, ReceiverCommand]):
         finally:
             # Also after a failure: an image whose ImageDone went to the conductor may lose
             # its log at any moment, and the C half must no longer see it.
-            self._sync_c(lambda: min((e.channel.python_deadline_ns()
-                                      for e in self.endpoints),
-                                     default=NO_DEADLINE))
+            if not light:
+                self._sync_c(lambda: self._python_deadline_ns(visit))
         return work
+
+    def _due_endpoints(self, touched: dict[int, ReceiveEndpoint]) -> list[ReceiveEndpoint]:
+        """The endpoints of the members the C half listed as due and those in ``touched``
+        (by id), each once, in the agents' order of endpoints; every endpoint when the list
+        is not the current view's (the simulator's endpoints without sockets have their
+        input outside it)."""
+        c = self.c
+        members = self._member_endpoints
+        if (self._has_virtual_io or c.due_members == network_ffi.NULL
+                or len(members) != c.endpoint_count + c.image_count):
+            return self.endpoints
+        listed = dict(touched)
+        for k in range(c.due_members_count):
+            member = members[c.due_members[k]]
+            listed[id(member)] = member
+        if len(listed) == 1:  # one endpoint (a stream added): no walk of them all
+            (endpoint,) = listed.values()
+            if self._endpoint_of.get(id(endpoint.channel)) is endpoint:
+                return [endpoint]
+        return [e for e in self.endpoints if id(e) in listed]
+
+    def _python_deadline_ns(self, visited: list[ReceiveEndpoint]) -> int:
+        """The Python half's next deadline: the visited endpoints' anew, the others' as their
+        last pass left them (nothing but their own pass moves them)."""
+        deadlines = self._deadlines
+        if visited is self.endpoints:
+            deadlines.clear()
+        for endpoint in visited:
+            deadlines[id(endpoint)] = endpoint.channel.python_deadline_ns()
+        if len(deadlines) != len(self.endpoints):  # an endpoint went during the pass
+            live = {id(e) for e in self.endpoints}
+            for key in [k for k in deadlines if k not in live]:
+                del deadlines[key]
+        return min(deadlines.values(), default=NO_DEADLINE)
 
     def _virtual_members(self) -> bool:
         return any(e.channel.reads_without_sockets for e in self.endpoints)
 
     def _c_view(self) -> tuple[list, list, list]:
-        return ([r for e in self.endpoints for r in e.channel.socket_receivers],
-                [image.c for e in self.endpoints for image in e.channel.images.values()], [])
+        endpoints = self.endpoints
+        # Each member's endpoint, in the C half's order (its due_members' indices).
+        self._member_endpoints = (
+            [e for e in endpoints for _ in e.channel.socket_receivers]
+            + [e for e in endpoints for _ in e.channel.images])
+        return ([r for e in endpoints for r in e.channel.socket_receivers],
+                [image.c for e in endpoints for image in e.channel.images.values()], [])

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from slipstream.client.layout import NO_DEADLINE
+from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
-from slipstream.daemon.agents.agent import Agent
+from slipstream.daemon.agents.agent import Agent, DueTimers
 from slipstream.daemon.agents.commands import (
     AddPublication,
     AddSendDestination,
@@ -55,7 +55,11 @@ from slipstream.daemon.media.events import (
     SpyUnlinked,
 )
 from slipstream.daemon.media.send_point import send_publication_frames
+from slipstream.daemon.pressure.governor import TOP_STEP
 from slipstream.daemon.streams.publication import NetworkPublication
+
+#: The reasons for which a pass visits only the members due (see Sender.do_python_work).
+DUE_MEMBERS_OR_TIMERS = network.SS_DUE_INPUT | network.SS_DUE_PUBLICATION | network.SS_DUE_TIMER
 
 
 class Sender(Agent[SendEndpoint, SenderCommand]):
@@ -72,19 +76,31 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
         self.pressure_step = 0
         self._publications: list[tuple[NetworkPublication, SendEndpoint]] = []
         self._now_ns = 0  # the simulator's clock at its last virtual I/O
-        #: What the C half's publications array holds, in its order (set by _c_view).
+        #: What the C half's arrays hold, in its order, and the indices a pass finds its
+        #: members by (set by _c_view, when the members changed).
         self._c_pairs: list[tuple[NetworkPublication, SendEndpoint]] = []
+        self._member_endpoints: list[SendEndpoint] = []
+        self._endpoint_index: dict[int, int] = {}
+        self._publication_index: dict[int, int] = {}
+        self._endpoint_publications: list[list[int]] = []
+        self._members_changed = True
+        #: The endpoints' and publications' Python timers (see _python_deadline_ns).
+        self._timers: DueTimers[object] = DueTimers()
+        #: The driver drains: each pass publishes every publication's status (publish_status).
+        self._credit_stopped = False
         self._on_event = on_event
 
     # -- commands (run on the agent's thread) -----------------------------------------------
-    def on_command(self, command: SenderCommand, now_ns: int) -> None:
-        """Run one of the conductor's commands (see their records)."""
+    def on_command(self, command: SenderCommand, now_ns: int) -> bool | None:
+        """Run one of the conductor's commands (see their records); False: it changed no
+        stream's rules or timers (see :meth:`Agent.on_command`)."""
         match command:
             case AddPublication(endpoint, publication):
                 self.add_publication(endpoint, publication)
             case ClosePublication(publication, wait_for_spies):
                 publication.close(now_ns, wait_for_spies=wait_for_spies)
             case StopCredit(publication):
+                self._credit_stopped = True
                 publication.stop_credit()
             case AddSpy(publication, position_cell, registration_id):
                 try:
@@ -117,27 +133,42 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
                 self.remove_endpoint(endpoint)
                 self._on_event(EndpointRemoved(endpoint.channel, generation))
             case SetPressureStep(step):
-                self.set_pressure_step(step)
+                return self.set_pressure_step(step)
             case _:
                 raise TypeError(f"not a sender command: {command!r}")
+        return None
 
     def add_endpoint(self, endpoint: SendEndpoint) -> None:
         endpoint.transport.attach_channel(endpoint.channel)
         super().add_endpoint(endpoint)
+        self._members_changed = True
+
+    def remove_endpoint(self, endpoint: SendEndpoint) -> None:
+        super().remove_endpoint(endpoint)
+        self._timers.forget(endpoint)
+        self._members_changed = True
 
     def add_publication(self, endpoint: SendEndpoint, publication: NetworkPublication) -> None:
         endpoint.transport.attach(publication)
         endpoint.channel.add_publication(publication)
         self._publications.append((publication, endpoint))
+        self._members_changed = True
         publication.apply_pressure_step(self.pressure_step)
 
-    def set_pressure_step(self, step: int) -> None:
+    def set_pressure_step(self, step: int) -> bool:
         """The governor's step (daemon/pressure/governor.py): coalescing from step 1, the
-        lowest band deferred from step 3, its offers refused at step 4."""
-        self.pressure_step = step
+        lowest band deferred from step 3, its offers refused at step 4.  Returns whether a
+        publication's rules changed (its offers refused or taken again): coalescing and the
+        deferral are the C data path's alone, and a step that moves neither visits no
+        publication."""
+        before, self.pressure_step = self.pressure_step, step
         self.c.defer_lowest_band = int(step >= 3)
+        if (before >= 1) == (step >= 1) and (before >= TOP_STEP) == (step >= TOP_STEP):
+            return False
+        changed = False
         for publication, _ in self._publications:
-            publication.apply_pressure_step(step)
+            changed = publication.apply_pressure_step(step) or changed
+        return changed
 
     @property
     def publications(self) -> list[NetworkPublication]:
@@ -174,11 +205,30 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
 
     def do_python_work(self, now_ns: int) -> int:
         """The Python half (see :class:`~slipstream.daemon.agents.agent.Agent`): commands,
-        control frames for Python, each publication's duties after a send, its timers."""
-        work = 0
+        control frames for Python, each publication's duties after a send, its timers.
+
+        A pass due for input, publications or timers alone (no command) visits only the
+        members due: the endpoints the C half listed with input (and, the simulator's, those
+        it handed input), the publications it listed (``due_members``: a send that needs
+        Python, a notice, a receiver's liveness, a spy), the endpoints and publications whose
+        Python timer came (:class:`~slipstream.daemon.agents.agent.DueTimers`), and the
+        publications the endpoints' input made due (:meth:`_due_publications`).  Any other
+        pass visits every one."""
+        work, light = 0, False
+        endpoints, pairs = self.endpoints, self._publications
+        listed: set[int] | None = None
         try:
-            work += self._run_commands(now_ns)
-            for endpoint in self.endpoints:
+            due = self.c.due
+            work, light = self._run_commands(now_ns)
+            if light:
+                return work
+            if work:  # a command may have changed a socket, or the members
+                self._members_changed = True
+            elif not due & ~DUE_MEMBERS_OR_TIMERS and not self._credit_stopped:
+                due_members = self._due_members(now_ns)
+                if due_members is not None:
+                    endpoints, listed = due_members
+            for endpoint in endpoints:
                 endpoint.channel.has_python_work = False
                 work += endpoint.transport.dispatch(endpoint.channel, now_ns)
                 if endpoint.channel.challenges:
@@ -191,13 +241,18 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
                     for arrived in endpoint.channel.response_setups:
                         self._on_event(arrived)
                     endpoint.channel.response_setups.clear()
+            if listed is not None:
+                pairs = self._due_publications(endpoints, listed)
+            self.streams_visited = len(pairs)
             done = None
-            for publication, endpoint in self._publications:
+            for publication, endpoint in pairs:
                 c = publication.c
-                if publication.rejections:
-                    self._on_event(PublicationRejected(publication,
-                                                       tuple(publication.rejections)))
-                    publication.rejections.clear()
+                refusals = publication.refusals
+                if refusals.rejections:
+                    self._on_event(PublicationRejected(publication, tuple(refusals.rejections),
+                                                       refusals.rejections_unkept))
+                    refusals.rejections.clear()
+                    refusals.rejections_unkept = 0
                 if c.notice:
                     c.notice = 0
                     endpoint.transport.on_notice(publication)
@@ -217,20 +272,98 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
                 publication.sync_c_half()
                 publication.publish_status()
             if done:
+                self._members_changed = True
                 for publication, endpoint in done:
                     self._publications.remove((publication, endpoint))
+                    self._timers.forget(publication)
                     endpoint.channel.remove_publication(publication)
                     self._on_event(PublicationDone(publication))
                 work += len(done)
+        except BaseException:
+            # Timers this pass took may not be set again: the next pass visits every member.
+            self._members_changed = True
+            raise
         finally:
             # Also after a failure: a publication whose PublicationDone went to the conductor
             # may lose its log at any moment, and the C half must no longer see it.
-            self._sync_c(lambda: min(
-                min((p.python_deadline_ns() for p, _ in self._publications),
-                    default=NO_DEADLINE),
-                min((e.channel.next_deadline_ns() for e in self.endpoints),
-                    default=NO_DEADLINE)))
+            if not light:
+                self._sync_c(lambda: self._python_deadline_ns(endpoints, pairs, listed is None),
+                             members_changed=self._members_changed)
         return work
+
+    def _due_members(self, now_ns: int) -> tuple[list[SendEndpoint], set[int]] | None:
+        """What a pass due for its members alone visits (see :meth:`do_python_work`): the
+        endpoints, in the agent's order, and the indices (in ``_c_pairs``) of the publications
+        due by the C half's list or their timer; None when the C half's list is not the current
+        view's (then the pass visits every one)."""
+        c = self.c
+        member_endpoints = self._member_endpoints
+        if (self._members_changed or c.due_members == network_ffi.NULL
+                or len(member_endpoints) != c.endpoint_count or c.image_count
+                or len(self._c_pairs) != c.publication_count):
+            return None
+        endpoint_index, publication_index = self._endpoint_index, self._publication_index
+        endpoints: set[int] = set()
+        publications: set[int] = set()
+        first_publication = c.endpoint_count
+        listed = c.due_members
+        for k in range(c.due_members_count):
+            member = listed[k]
+            if member >= first_publication:
+                publications.add(member - first_publication)
+            else:
+                endpoints.add(endpoint_index[id(member_endpoints[member])])
+        for timed in self._timers.take_due(now_ns):
+            index = publication_index.get(id(timed))
+            if index is not None:
+                publications.add(index)
+            elif id(timed) in endpoint_index:
+                endpoints.add(endpoint_index[id(timed)])
+        if self._has_virtual_io:  # the simulator's input, handed over outside the C half
+            endpoints.update(i for i, e in enumerate(self.endpoints)
+                             if e.channel.has_python_work)
+        return [self.endpoints[i] for i in sorted(endpoints)], publications
+
+    def _due_publications(self, endpoints: list[SendEndpoint], listed: set[int]
+                          ) -> list[tuple[NetworkPublication, SendEndpoint]]:
+        """The publications a pass due for its members alone visits, in the agent's order:
+        those ``listed``, and of the ``endpoints`` it visited those their input made due (a
+        frame for one makes it due at once: ``next_due_ns`` 0, where a timer of its own leaves
+        a time); every one of a multi-destination endpoint's (its destinations' input may
+        concern them all)."""
+        pairs, by_endpoint = self._c_pairs, self._endpoint_publications
+        endpoint_index = self._endpoint_index
+        visit = set(listed)
+        for endpoint in endpoints:
+            index = endpoint_index.get(id(endpoint))
+            if index is None:
+                continue
+            if endpoint.channel.destinations is not None:
+                visit.update(by_endpoint[index])
+            else:
+                visit.update(i for i in by_endpoint[index] if pairs[i][0].next_due_ns <= 0)
+        return [pairs[i] for i in sorted(visit)]
+
+    def _python_deadline_ns(self, endpoints: list[SendEndpoint],
+                            pairs: list[tuple[NetworkPublication, SendEndpoint]],
+                            visited_all: bool) -> int:
+        """The Python half's next deadline: the visited endpoints' and publications' timers
+        anew (every one's after a pass that visited all), the others' as their last visit
+        left them (nothing but their own visit, their endpoint's input or a command moves
+        them)."""
+        timers = self._timers
+        if visited_all:
+            timers.clear()
+        self._members_changed, changed = True, self._members_changed  # until all are set
+        for endpoint in endpoints:
+            timers.set(endpoint, endpoint.channel.next_deadline_ns())
+        for publication, _ in pairs:
+            if publication.is_done:
+                timers.forget(publication)
+            else:
+                timers.set(publication, publication.python_deadline_ns())
+        self._members_changed = changed
+        return timers.earliest()
 
     def next_deadline_ns(self) -> int:
         """Also when data waits to be sent: at once, or when the rate limit (``rc=``) and the
@@ -259,6 +392,15 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
                 or any(p.c.fd < 0 for p, _ in self._publications))
 
     def _c_view(self) -> tuple[list, list, list]:
-        self._c_pairs = list(self._publications)  # the C half's publications, in its order
-        return ([e.channel.c for e in self.endpoints if e.channel.c.fd >= 0], [],
-                [p.c for p, _ in self._c_pairs])
+        self._members_changed = False
+        endpoints = self.endpoints
+        self._c_pairs = pairs = list(self._publications)  # the C half's, in its order
+        self._member_endpoints = [e for e in endpoints if e.channel.c.fd >= 0]
+        self._endpoint_index = {id(e): i for i, e in enumerate(endpoints)}
+        self._publication_index = {id(p): i for i, (p, _) in enumerate(pairs)}
+        self._endpoint_publications = by_endpoint = [[] for _ in endpoints]
+        for i, (_, endpoint) in enumerate(pairs):
+            index = self._endpoint_index.get(id(endpoint))
+            if index is not None:
+                by_endpoint[index].append(i)
+        return [e.channel.c for e in self._member_endpoints], [], [p.c for p, _ in pairs]

@@ -91,6 +91,8 @@ class NetworkThread:
         for doorbell in self.doorbells:
             self._epoll.register(doorbell.fileno(), select.EPOLLIN)
         self._registered: dict[object, int] = {}  # id(transport) (or a socket of one) -> fd
+        #: Each endpoint's sockets as _wanted_sockets last found them, by id(endpoint).
+        self._endpoint_sockets: dict[int, tuple[object, dict[object, int], bool]] = {}
         self._told_unregistered = False  # the warning that epoll refused a socket, once
         self._poll_events: Any = None  # the loop's poll array (ss_duty_loop_t.poll_events)
         #: The C loop (ss_duty_loop_t): its agents' C halves, the idle strategy and the park.
@@ -154,6 +156,7 @@ class NetworkThread:
         now = time.monotonic_ns()
         for agent in agents:  # the C halves start from a current view
             agent.c.due = network.SS_DUE_TIMER
+        commands_seen = -1
         while True:
             try:
                 work = 0
@@ -161,7 +164,12 @@ class NetworkThread:
                     if agent.c.due:
                         work += agent.do_python_work(now)
                 self.counters.add(SystemCounter.NETWORK_PYTHON_PASSES)
-                self._sync_sockets()
+                # The endpoints and their sockets change by the agents' commands alone: the
+                # sockets are listed again after one that may have changed them, and until
+                # epoll took them all.
+                member_commands = sum(agent.member_commands for agent in agents)
+                if member_commands != commands_seen and self._sync_sockets():
+                    commands_seen = member_commands
                 self._failing_since_ns = None
                 if work:  # else the loop parks once its own half has been idle long enough
                     c.last_work_ns = now
@@ -179,23 +187,13 @@ class NetworkThread:
                 return
             now = c.now_ns
 
-    def _sync_sockets(self) -> None:
+    def _sync_sockets(self) -> bool:
         """Register the sockets of the agents' current endpoints with epoll (they come and go
-        by the conductor's commands, run on this thread)."""
-        wanted: dict[object, int] = {}
-        for agent in self.agents:
-            for endpoint in agent.endpoints:
-                transport = endpoint.transport
-                fd = getattr(transport, "fd", None)
-                if fd is not None:
-                    wanted[id(transport)] = fd
-                # A multi-destination subscription's sockets, keyed by its generation: a
-                # socket closed and another opened with its number is registered again.
-                generation = getattr(transport, "generation", None)
-                for fd in getattr(transport, "fds", ()):
-                    wanted[(id(transport), generation, fd)] = fd
+        by the conductor's commands, run on this thread).  False when epoll refused one: the
+        loop reads every socket meanwhile, and asks again at its next pass."""
+        wanted = self._wanted_sockets()
         if wanted == self._registered:
-            return
+            return True
         # Room for every registered descriptor's event in the loop's poll (ss_duty_loop_t),
         # and one more: a poll that fills the array reads every socket.
         capacity = len(wanted) + len(self.doorbells) + 2
@@ -204,19 +202,17 @@ class NetworkThread:
             self._poll_events = network_ffi.new("uint8_t[]",
                                                 capacity * network.ss_epoll_event_size())
             self.c.poll_events, self.c.poll_capacity = self._poll_events, capacity
-        for key, fd in self._registered.items():
-            if wanted.get(key) != fd:
-                with contextlib.suppress(OSError, ValueError):
-                    self._epoll.unregister(fd)
+        for _, fd in self._registered.items() - wanted.items():
+            with contextlib.suppress(OSError, ValueError):
+                self._epoll.unregister(fd)
         unregistered: OSError | None = None
-        for key, fd in wanted.items():
-            if self._registered.get(key) != fd:
-                try:
-                    self._epoll.register(fd, select.EPOLLIN)
-                except FileExistsError:
-                    pass
-                except OSError as e:  # ENOSPC (max_user_watches), ENOMEM
-                    unregistered = e
+        for _, fd in wanted.items() - self._registered.items():
+            try:
+                self._epoll.register(fd, select.EPOLLIN)
+            except FileExistsError:
+                pass
+            except OSError as e:  # ENOSPC (max_user_watches), ENOMEM
+                unregistered = e
         if unregistered is not None:
             # A socket epoll does not watch would never be marked readable: without the
             # poll's array the loop reads every socket each cycle, as below
@@ -227,5 +223,42 @@ class NetworkThread:
                 self._told_unregistered = True
                 log.warning("epoll refused a socket (%s): the network thread reads every "
                             "socket each cycle until it takes them all", unregistered)
-            return
+            return False
         self._registered = wanted
+        return True
+
+    def _wanted_sockets(self) -> dict[object, int]:
+        """The sockets of the agents' current endpoints, by id(transport) (a
+        multi-destination subscription's by its transport, generation and descriptor: a
+        socket closed and another opened with its number is registered again).  An
+        endpoint's socket is fixed once it is made, so each is looked up as it comes (adding
+        a stream costs no look at every endpoint's transport); a multi-destination
+        subscription's, whose destinations come and go, at every call."""
+        wanted: dict[object, int] = {}
+        known = self._endpoint_sockets
+        seen: dict[int, tuple[object, dict[object, int], bool]] = {}
+        for agent in self.agents:
+            for endpoint in agent.endpoints:
+                entry = known.get(id(endpoint))
+                if entry is None or entry[0] is not endpoint or entry[2]:
+                    entry = (endpoint, *_sockets_of(endpoint.transport))
+                seen[id(endpoint)] = entry
+                wanted.update(entry[1])
+        self._endpoint_sockets = seen
+        return wanted
+
+
+def _sockets_of(transport: object) -> tuple[dict[object, int], bool]:
+    """An endpoint transport's sockets (see NetworkThread._wanted_sockets), and whether they
+    may change (a multi-destination subscription's)."""
+    sockets: dict[object, int] = {}
+    fd = getattr(transport, "fd", None)
+    if fd is not None:
+        sockets[id(transport)] = fd
+    fds = getattr(transport, "fds", None)
+    if fds is None:
+        return sockets, False
+    generation = getattr(transport, "generation", None)
+    for fd in fds:
+        sockets[(id(transport), generation, fd)] = fd
+    return sockets, True

@@ -76,6 +76,8 @@ class IpcPublication:
     resting: list[TetherablePosition[Subscriber]] = attrs.Factory(list)
     _last_consumer_position: int = 0
     _time_of_last_consumer_change_ns: int = 0
+    #: The last pass saw the fastest subscriber behind the producer (the unblock timer runs).
+    _seen_held: bool = False
     #: The slowest subscriber's position at the last update_limits (bytes).
     _last_limit_consumer: int = -1
     #: Set when the driver drains (SIGTERM): pub-lmt never rises past it again (bytes).
@@ -321,12 +323,15 @@ class IpcPublication:
         # A blocked claim (a publisher that died between claim and commit) holds the fastest
         # subscriber (aeron_ipc_publication_check_for_blocked_publisher); a slow one may lag
         # anywhere behind it.
+        # The timer runs from the first pass that saw the log held there: a settled stream
+        # is not passed over, so the last change may be long before a claim made now.
         fastest = max(self._position_of(s, producer) for s in self.subscribers)
-        if fastest != self._last_consumer_position:
+        behind = producer > fastest
+        if fastest != self._last_consumer_position or not (behind and self._seen_held):
             self._last_consumer_position = fastest
             self._time_of_last_consumer_change_ns = now_ns
-        elif (producer > fastest
-              and now_ns - self._time_of_last_consumer_change_ns > self.unblock_timeout_ns):
+            self._seen_held = behind
+        elif now_ns - self._time_of_last_consumer_change_ns > self.unblock_timeout_ns:
             if unblock(self.log, fastest, producer):
                 self.counters.add(SystemCounter.UNBLOCKED_PUBLICATIONS)
                 self.log.signal_readers()
@@ -344,16 +349,6 @@ class IpcPublication:
         return self.episodes.sample(now_ns, log_buffer.producer_position(),
                                     self.counters.get(self.publisher_limit_id),
                                     log_buffer.is_connected, *log_buffer.limit_hit())
-
-    @property
-    def is_cleaning_behind(self) -> bool:
-        """The last cycle left cleanable bytes for the next (a chunk at most per cycle)."""
-        return self.cleaner.is_behind
-
-    @property
-    def clean_position(self) -> int:
-        """Where cleaning has reached (bytes): the partitions below are reusable."""
-        return self.cleaner.position
 
     # -- life cycle --------------------------------------------------------------------------
     def stop_credit(self) -> None:

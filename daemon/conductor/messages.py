@@ -4,13 +4,11 @@ stream uses (the message types and fields are the client's: :mod:`slipstream.cli
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from slipstream.client import control
+from slipstream.client.publication import PublicationRefusal
 from slipstream.daemon.pressure.episodes import EpisodeEvent
-
-if TYPE_CHECKING:
-    from slipstream.client.publication import PublicationRefusal
 
 #: One message to one client: the client's key (its control-socket identity) and the message.
 ClientMessage = tuple[bytes, dict[str, Any]]

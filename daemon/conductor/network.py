@@ -125,9 +125,10 @@ class NetworkConductor:
         or at once (the simulator's, deterministic).  ``name_cache``: the driver's
         resolver's answers, which channels' names are replaced with (None: an empty one:
         IP literals only).  ``rng``: the network side's random choices (initial term ids,
-        receiver ids, NAK delays); ``token_rng``: the secrets a forger must not guess, the
-        dynamic multi-destination-cast endpoints' validation tokens (the sender thread draws
-        them: a generator that keeps no state, or one thread's)."""
+        NAK delays); ``token_rng``: the values a forger must not guess, the dynamic
+        multi-destination-cast endpoints' validation tokens and the receiver ids (the
+        sender's and the conductor's threads draw them: a generator that keeps no state, or
+        the simulator's, where one thread runs everything)."""
         self.settings = settings
         self.directory = directory
         self.counters = counters
@@ -196,8 +197,9 @@ class NetworkConductor:
             name_cache=self.name_cache, log_maker=self.log_maker)
         self._receive_side = ReceiveSide(
             settings=settings, directory=directory, counters=counters, transports=transports,
-            budget=budget, rng=rng, new_id=new_id, receiver_proxy=self.receiver_proxy,
-            loss_report=self.loss_report, receive_endpoints=self._receive_endpoints,
+            budget=budget, rng=rng, token_rng=token_rng, new_id=new_id,
+            receiver_proxy=self.receiver_proxy, loss_report=self.loss_report,
+            receive_endpoints=self._receive_endpoints,
             closed_receiver_ids=self._closed_receiver_ids, subscriptions=self.subscriptions,
             log_maker=self.log_maker, names=self.names, name_cache=self.name_cache)
         self._untethered = NetworkUntethered(
@@ -301,6 +303,10 @@ class NetworkConductor:
         """A multi-destination subscription no longer receives on ``destination``
         (:meth:`ReceiveSide.remove_receive_destination`)."""
         self._receive_side.remove_receive_destination(registration_id, destination)
+
+    def capacity_use(self) -> dict[str, int]:
+        """The use now of the network side's capacities (:meth:`ReceiveSide.capacity_use`)."""
+        return self._receive_side.capacity_use()
 
     def image_log(self, registration_id: int) -> LogBuffer | None:
         """The driver's mapping of image ``registration_id``'s log, None once it is gone

@@ -39,6 +39,7 @@ from slipstream.daemon.conductor import messages
 from slipstream.daemon.conductor.image_logs import ImageLogMaker, LogJob, LogMaking
 from slipstream.daemon.conductor.messages import ClientMessage, Outgoing
 from slipstream.daemon.conductor.network_records import (
+    EndpointsByChannel,
     NetworkSubscription,
     NetworkTransports,
     _allocate_subscriber_position,
@@ -70,6 +71,7 @@ from slipstream.daemon.media.destinations import ALL_DESTINATIONS, ControlMode
 from slipstream.daemon.media.events import (
     EndpointRemoved,
     ImageDone,
+    ImageMaker,
     ImageRejected,
     ImageRequested,
     ImageUnavailable,
@@ -114,6 +116,7 @@ class ReceiveSide:
 
     def __init__(self, *, settings: DriverSettings, directory: Path, counters: CountersFile,
                  transports: NetworkTransports, budget: LogBudget, rng: random.Random,
+                 token_rng: random.Random,
                  new_id: Callable[[], int], receiver_proxy: ReceiverProxy,
                  loss_report: LossReport,
                  receive_endpoints: dict[tuple[Any, ...], _ReceiveEndpointEntry],
@@ -127,7 +130,10 @@ class ReceiveSide:
         multi-destination-cast receiver's ``control=`` name is watched, resolved again while
         no image of its endpoint lives (:meth:`on_control_moved` applies an answer).
         ``name_cache``: the resolver's answers (None: one of its own, empty: IP literals
-        only)."""
+        only).  ``rng``: the receive side's random choices (NAK delays); ``token_rng``: what
+        receiver ids are drawn from: a sender binds a receiver's status messages and ERRs to
+        its id, so a forger must not predict the next one from ids it saw on the wire (a
+        driver's is the system's CSPRNG)."""
         self.settings = settings
         self.names: NameWatch[Any] = names if names is not None else NameWatch(0)
         self.name_cache = name_cache if name_cache is not None else NameCache()
@@ -136,10 +142,14 @@ class ReceiveSide:
         self.transports = transports
         self.budget = budget
         self._rng = rng
+        self._token_rng = token_rng
         self._new_id = new_id
         self.receiver_proxy = receiver_proxy
         self.loss_report = loss_report
         self._receive_endpoints = receive_endpoints
+        #: The same entries by the ReceiveChannel the receiver's events name.
+        self._receive_by_channel: EndpointsByChannel[_ReceiveEndpointEntry] = (
+            EndpointsByChannel())
         #: Written here as an endpoint is removed, read by the drain (an ordered set).
         self._closed_receiver_ids = closed_receiver_ids
         self.subscriptions = subscriptions
@@ -212,11 +222,12 @@ class ReceiveSide:
                                     f"{e.strerror or e}") from None
             receive_channel = ReceiveChannel(
                 channel=channel, settings=self.settings,
-                receiver_id=self._rng.getrandbits(63), counters=self.counters, now_ns=now_ns,
+                receiver_id=self._token_rng.getrandbits(63), counters=self.counters, now_ns=now_ns,
                 rng=random.Random(self._rng.getrandbits(64)))
             endpoint = ReceiveEndpoint(receive_channel, transport)
             entry = self._receive_endpoints[key] = _ReceiveEndpointEntry(
                 key, endpoint, destinations_counter_id=counter_id)
+            self._receive_by_channel.add(entry)
             self.receiver_proxy.on_add_endpoint(endpoint)
             if (given_control is not None and given_control.ip is None
                     and receive_channel.joins_at_control and channel.control is not None):
@@ -663,8 +674,9 @@ class ReceiveSide:
             except CountersFullError as e:
                 log.error("cannot link subscription %d to %s: %s",
                           subscription.registration_id, _label_of(setup, event.source), e)
-        self.receiver_proxy.on_add_publication_image(event.channel, image)
-        log.info("image %d of %s: join position %d, %d subscriber(s)", registration_id,
+        self.receiver_proxy.on_add_publication_image(entry.endpoint.channel, image)
+        # Debug, as a publication's creation: one line per stream at thousands of streams.
+        log.debug("image %d of %s: join position %d, %d subscriber(s)", registration_id,
                  _label_of(setup, event.source), join, len(image_entry.links))
         return out
 
@@ -762,6 +774,25 @@ class ReceiveSide:
 
         self.log_maker.discard(log_buffer, gone)
 
+    def capacity_use(self) -> dict[str, int]:
+        """The use now of the receive side's capacities, by the setting that bounds each:
+        the image logs being made (``image_pending_max``), and the most of one source host's
+        images no data came to yet, those being made included (``image_source_max_images``),
+        and of its images' log bytes (``image_source_memory_limit``).  The unheard images
+        are counted as of now; the bound itself looks again at most every
+        ``HEARD_CHECK_INTERVAL_NS``, so for that long after data came to some it may refuse
+        while this reads below its limit.  O(source hosts + their images that no data had
+        come to at the last look)."""
+        most_unheard = most_bytes = 0
+        for host, (_, length, pending) in self._source_use.items():
+            unheard = sum(not entry.image.has_been_heard
+                          for entry in self._unheard.get(host, {}).values())
+            most_unheard = max(most_unheard, pending + unheard)
+            most_bytes = max(most_bytes, length)
+        return {"image_pending_max": len(self._pending),
+                "image_source_max_images": most_unheard,
+                "image_source_memory_limit": most_bytes}
+
     def image_log(self, registration_id: int) -> LogBuffer | None:
         """The driver's mapping of image ``registration_id``'s log (None once it is gone),
         for a reader in this process: the simulator's subscribers read through it (a second
@@ -772,11 +803,8 @@ class ReceiveSide:
                     return image_entry.log
         return None
 
-    def _entry_of(self, channel: ReceiveChannel) -> _ReceiveEndpointEntry | None:
-        for entry in self._receive_endpoints.values():
-            if entry.endpoint.channel is channel:
-                return entry
-        return None
+    def _entry_of(self, channel: ImageMaker) -> _ReceiveEndpointEntry | None:
+        return self._receive_by_channel.get(channel)
 
     # -- endpoints ----------------------------------------------------------------------------
     def _close_endpoint(self, entry: _ReceiveEndpointEntry) -> None:
@@ -817,7 +845,8 @@ class ReceiveSide:
         entry = self._entry_of(event.channel)
         if entry is None or not _is_removed_by(entry, event):
             return
-        _close_endpoint(entry, self._receive_endpoints, self.names, self.counters)
+        _close_endpoint(entry, self._receive_endpoints, self._receive_by_channel, self.names,
+                        self.counters)
         self._closed_receiver_ids[entry.endpoint.channel.receiver_id] = None
         while len(self._closed_receiver_ids) > RECEIVER_IDS_KEPT:
             del self._closed_receiver_ids[next(iter(self._closed_receiver_ids))]
@@ -846,4 +875,5 @@ class ReceiveSide:
             if receive_entry.destinations_counter_id is not None:
                 self.counters.free(receive_entry.destinations_counter_id)
         self._receive_endpoints.clear()
+        self._receive_by_channel.clear()
         self.subscriptions.clear()

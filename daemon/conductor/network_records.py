@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 import ipaddress
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
 
@@ -203,6 +203,35 @@ class _ReceiveEndpointEntry:
     removing: dict[Address, RemovedDestination] = attrs.Factory(dict)
 
 
+_Entry = TypeVar("_Entry", "_SendEndpointEntry", "_ReceiveEndpointEntry")
+
+
+class EndpointsByChannel(Generic[_Entry]):
+    """One side's endpoint entries by their agent's channel object (the :class:`SendChannel`
+    or :class:`ReceiveChannel` an agent's event names), so an event finds its entry in O(1)
+    however many endpoints there are.  An entry is in it from its creation until
+    :func:`_close_endpoint`; its key may change meanwhile (a name resolved anew), its
+    channel object does not."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, _Entry] = {}
+
+    def add(self, entry: _Entry) -> None:
+        self._entries[id(entry.endpoint.channel)] = entry
+
+    def remove(self, entry: _Entry) -> None:
+        if self._entries.get(id(entry.endpoint.channel)) is entry:
+            del self._entries[id(entry.endpoint.channel)]
+
+    def get(self, channel: object) -> _Entry | None:
+        """The entry whose agent's channel is ``channel`` (this very object), or None."""
+        entry = self._entries.get(id(channel))
+        return entry if entry is not None and entry.endpoint.channel is channel else None
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
 def _start_closing(entry: _SendEndpointEntry | _ReceiveEndpointEntry) -> int:
     """``entry``'s agent is to drop its endpoint: it is CLOSING, in a new generation, which
     is returned for the command (the agent's :class:`EndpointRemoved` names it back)."""
@@ -219,12 +248,14 @@ def _is_removed_by(entry: _SendEndpointEntry | _ReceiveEndpointEntry,
 
 
 def _close_endpoint(entry: _SendEndpointEntry | _ReceiveEndpointEntry,
-                    endpoints: dict[tuple[Any, ...], Any], name_watch: names.NameWatch[Any],
-                    counters: CountersFile) -> None:
+                    endpoints: dict[tuple[Any, ...], Any], by_channel: EndpointsByChannel[Any],
+                    name_watch: names.NameWatch[Any], counters: CountersFile) -> None:
     """The agent dropped ``entry``'s endpoint: its socket closes, it leaves ``endpoints``
-    (its side's, by key) and ``name_watch``, and its mds-destinations counter is freed."""
+    (its side's, by key), ``by_channel`` and ``name_watch``, and its mds-destinations counter
+    is freed."""
     entry.endpoint.transport.close()
     endpoints.pop(entry.key, None)
+    by_channel.remove(entry)
     name_watch.unwatch(entry)
     if entry.destinations_counter_id is not None:
         counters.free(entry.destinations_counter_id)

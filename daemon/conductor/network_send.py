@@ -44,6 +44,7 @@ from slipstream.daemon.agents.endpoints import SendEndpoint
 from slipstream.daemon.conductor.image_logs import ImageLogMaker
 from slipstream.daemon.conductor.messages import Outgoing
 from slipstream.daemon.conductor.network_records import (
+    EndpointsByChannel,
     NetworkSubscription,
     NetworkTransports,
     _close_endpoint,
@@ -153,6 +154,8 @@ class SendSide:
         self.sender_proxy = sender_proxy
         self.receiver_proxy = receiver_proxy
         self._send_endpoints = send_endpoints
+        #: The same entries by the SendChannel the sender's events name.
+        self._send_by_channel: EndpointsByChannel[_SendEndpointEntry] = EndpointsByChannel()
         self.publications = publications
         self._shared_publications = shared_publications
         self._answering = answering
@@ -168,6 +171,13 @@ class SendSide:
         self._episode_watch = WordWatch()
         self._episode_slots: dict[int, list[int]] = {}
         self._episodes_open: set[_PublicationEntry] = set()
+        #: The publications the governor's next send backlog looks at (:meth:`send_backlog`):
+        #: those whose watched words moved since its last look (the episodes' watch), and
+        #: those with data not yet sent then.  Any other has none: its log's end and snd-pos
+        #: are as they were, with nothing between them.
+        self._backlog_due: set[_PublicationEntry] = set()
+        #: The publications the last :meth:`send_backlog` looked at.
+        self.backlog_streams_visited = 0
         #: How many publications use each session id.
         self.session_ids: collections.Counter[int] = collections.Counter()
         #: How much of the text receivers send (ERR reasons) reaches the log.
@@ -314,7 +324,8 @@ class SendSide:
         self.sender_proxy.on_add_publication(endpoint.endpoint, publication)
         # After the publication: the sender runs the commands in order.
         self._spy_subscriptions.link_spies(entry, now_ns)
-        log.info("created %s network publication %d %s stream=%d session=%d term_length=%d",
+        # Debug, as the IPC publication's creation (DriverConductor._create_ipc_publication).
+        log.debug("created %s network publication %d %s stream=%d session=%d term_length=%d",
                  "shared" if shared else "exclusive", registration_id, channel, stream_id,
                  session_id, term_length)
         return entry
@@ -359,6 +370,7 @@ class SendSide:
             transport)
         entry = self._send_endpoints[key] = _SendEndpointEntry(key, endpoint, channel,
                                                                destinations_counter_id=counter_id)
+        self._send_by_channel.add(entry)
         self.sender_proxy.on_add_endpoint(endpoint)
         return entry
 
@@ -418,8 +430,11 @@ class SendSide:
         REMOTE_LINES_PER_INTERVAL lines per host per REMOTE_INTERVAL_NS; the lines past
         that count REMOTE_TEXT_SUPPRESSED_DROPS.  Returns the refusal its publishers are to
         be told of, with the publication's registration id: the last of the event's, at
-        most one per publication per REFUSAL_NOTICE_INTERVAL_NS."""
+        most one per publication per REFUSAL_NOTICE_INTERVAL_NS.  The event's ``unkept``
+        refusals (their text was not kept) count as errors and refusals too."""
         last = None
+        if event.unkept:
+            self.counters.add(SystemCounter.ERRORS, event.unkept)
         for (host, port), reason in event.rejections:
             self.counters.add(SystemCounter.ERRORS)
             text = escape_remote_text(reason)
@@ -433,7 +448,7 @@ class SendSide:
         entry = self._entries.get(id(event.publication))
         if entry is None or last is None:
             return []
-        entry.refusals += len(event.rejections)
+        entry.refusals += len(event.rejections) + event.unkept
         if now_ns < entry.refusal_told_ns + REFUSAL_NOTICE_INTERVAL_NS:
             return []
         entry.refusal_told_ns = now_ns
@@ -491,8 +506,7 @@ class SendSide:
         """The sender could not move the endpoint to ``event.address`` (its socket sends to
         the old peer still; the failure is logged and counted where it happened): its name is
         asked again at the next check, and the answer applied even if it is that address."""
-        entry = next((e for e in self._send_endpoints.values()
-                      if e.endpoint.channel is event.channel), None)
+        entry = self._send_by_channel.get(event.channel)
         if entry is not None:
             self.names.retry(entry, event.address[0])
 
@@ -506,8 +520,7 @@ class SendSide:
                     entry.endpoint.channel, self.settings.publication_connection_timeout)
 
     def on_destinations_silent(self, event: DestinationsSilent) -> None:
-        entry = next((e for e in self._send_endpoints.values()
-                      if e.endpoint.channel is event.channel), None)
+        entry = self._send_by_channel.get(event.channel)
         if entry is not None:
             entry.silent_destinations = event.addresses
 
@@ -540,11 +553,11 @@ class SendSide:
     def on_endpoint_removed(self, event: EndpointRemoved) -> None:
         """The sender dropped a send endpoint: its socket closes and its counter is freed,
         unless a new publication revived it since."""
-        entry = next((e for e in self._send_endpoints.values()
-                      if e.endpoint.channel is event.channel), None)
+        entry = self._send_by_channel.get(event.channel)
         if entry is None or not _is_removed_by(entry, event):
             return
-        _close_endpoint(entry, self._send_endpoints, self.names, self.counters)
+        _close_endpoint(entry, self._send_endpoints, self._send_by_channel, self.names,
+                        self.counters)
 
     # -- response channels (docs/CHANNELS.md §7.6) -------------------------------------------
     def _check_response_keys(self, channel: Channel) -> _ImageEntry | None:
@@ -721,10 +734,19 @@ class SendSide:
         in the window: a subscriber that stopped reading leaves a rest shorter than a frame,
         which is no backlog); one whose data waits on purpose does not count: one paced by
         its send-rate limit (``rc=``), and with ``deferring`` one of the lowest band.  (Its
-        ``c`` belongs to the sender's thread: words read across threads, a sample's worth.)"""
+        ``c`` belongs to the sender's thread: words read across threads, a sample's worth.)
+        It looks at the publications that may have one alone (``_backlog_due``): an idle
+        stream costs it nothing."""
         backlog = 0.0
-        for entry in self.publications.values():
+        due, self._backlog_due = self._backlog_due, set()
+        self.backlog_streams_visited = len(due)
+        for entry in due:
+            if entry.registration_id not in self._episode_slots:
+                continue  # it went
             publication = entry.publication
+            if entry.log.producer_position() <= publication.sender_position:
+                continue  # all sent: none until a watched word moves
+            self._backlog_due.add(entry)
             if (deferring and publication.priority < 0) or publication.is_rate_limited:
                 continue  # waits on purpose: deferred, or paced by its send-rate limit
             if not publication.has_data_ready():
@@ -746,7 +768,9 @@ class SendSide:
         """Each publication's back-pressure episodes that began or ended since the last
         sample, with the publication's registration id: those in an open episode and those
         whose words moved (or new), in the order they were made."""
-        due = [entry for entry in self._episodes_open.union(self._episode_watch.changed())
+        moved = self._episode_watch.changed()
+        self._backlog_due.update(moved)
+        due = [entry for entry in self._episodes_open.union(moved)
                if entry.registration_id in self._episode_slots]
         due.sort(key=lambda entry: entry.registration_id)
         events: list[tuple[int, EpisodeEvent]] = []
@@ -807,6 +831,7 @@ class SendSide:
             if send_entry.destinations_counter_id is not None:
                 self.counters.free(send_entry.destinations_counter_id)
         self._send_endpoints.clear()
+        self._send_by_channel.clear()
 
 
 def _durable_ids(kinds: list[tuple[CounterType, str]],

@@ -78,6 +78,12 @@ class WordWatch:
         """Report ``owner`` at the next :meth:`changed`: a change no watched word shows."""
         self._marked.add(owner)
 
+    def marked(self) -> set[Hashable]:
+        """The owners marked since the last call (or :meth:`changed`), without a look at the
+        words: those that changed are reported by the next :meth:`changed`."""
+        moved, self._marked = self._marked, set()
+        return moved
+
     def changed(self) -> set[Hashable]:
         """The owners of the words that changed since they were watched or last reported,
         and those marked since the last call."""

@@ -14,10 +14,10 @@ Units: positions and windows in bytes; times in ns.
 from __future__ import annotations
 
 import abc
-from typing import ClassVar, Self, TypeVar
+from typing import ClassVar, Self
 
 from slipstream.client.layout import NO_DEADLINE
-from slipstream.daemon.flow.strategy import Strategy, register
+from slipstream.daemon.flow.strategy import Strategy, registrar
 from slipstream.daemon.protocol.params import SubscriptionParams
 from slipstream.daemon.protocol.types import Address
 
@@ -87,11 +87,6 @@ class CongestionControl(Strategy):
         return f"<{type(self).__name__} window={self.max_window_length()}>"
 
 
-C = TypeVar("C", bound=type[CongestionControl])
-
-
-def register_congestion_control(cls: C) -> C:
-    """Take ``cc=`` values of ``cls``'s grammar for ``cls`` (a strategy module calls it at its
-    bottom); returns ``cls``.  See :func:`slipstream.daemon.flow.strategy.register`."""
-    register(cls, CongestionControl)
-    return cls
+#: Registers a CongestionControl class under its ``cc=`` name (a strategy module calls it at its
+#: bottom); returns the class.
+register_congestion_control = registrar(CongestionControl)

@@ -13,12 +13,12 @@ Units: positions, windows and lengths in bytes; times in ns.
 from __future__ import annotations
 
 import abc
-from typing import ClassVar, Self, TypeVar
+from typing import ClassVar, Self
 
 from slipstream.client.frames import ErrorFrame, StatusMessage
 from slipstream.client.layout import NO_DEADLINE
 from slipstream.client.logbuffer import compute_position
-from slipstream.daemon.flow.strategy import Strategy, register
+from slipstream.daemon.flow.strategy import Strategy, registrar
 from slipstream.daemon.protocol.params import FlowControlParams
 from slipstream.daemon.protocol.types import Address
 
@@ -115,14 +115,9 @@ class FlowControl(Strategy):
         return f"<{type(self).__name__}>"
 
 
-F = TypeVar("F", bound=type[FlowControl])
-
-
-def register_flow_control(cls: F) -> F:
-    """Take ``fc=`` values of ``cls``'s grammar for ``cls`` (a strategy module calls it at its
-    bottom); returns ``cls``.  See :func:`slipstream.daemon.flow.strategy.register`."""
-    register(cls, FlowControl)
-    return cls
+#: Registers a FlowControl class under its ``fc=`` name (a strategy module calls it at its
+#: bottom); returns the class.
+register_flow_control = registrar(FlowControl)
 
 
 def sm_limit(sm: StatusMessage, initial_term_id: int, position_bits: int) -> int:

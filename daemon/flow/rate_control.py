@@ -47,12 +47,12 @@ from __future__ import annotations
 
 import abc
 from collections import deque
-from typing import Self, TypeVar
+from typing import Self
 
 from slipstream.client import strategy_grammar
 from slipstream.client.frames import RateAnnounce
 from slipstream.client.layout import NO_DEADLINE, RATE_SIGNAL_MAX_RATE
-from slipstream.daemon.flow.strategy import Strategy, register
+from slipstream.daemon.flow.strategy import Strategy, registrar
 from slipstream.daemon.protocol.params import RateControlParams
 
 #: How often a sender repeats its announcement (and at once to each new receiver).
@@ -132,14 +132,9 @@ class RateControl(Strategy):
         """What the sender tells its receivers so that they signal."""
 
 
-R = TypeVar("R", bound=type[RateControl])
-
-
-def register_rate_control(cls: R) -> R:
-    """Take ``rc=`` values of ``cls``'s grammar for ``cls`` (a strategy module calls it at its
-    bottom); returns ``cls``.  See :func:`slipstream.daemon.flow.strategy.register`."""
-    register(cls, RateControl)
-    return cls
+#: Registers a RateControl class under its ``rc=`` name (a strategy module calls it at its
+#: bottom); returns the class.
+register_rate_control = registrar(RateControl)
 
 
 class NakStrengthRateControl(RateControl):

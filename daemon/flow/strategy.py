@@ -27,7 +27,7 @@ from __future__ import annotations
 import abc
 import inspect
 from collections.abc import Callable
-from typing import Any, ClassVar, Final, Literal
+from typing import Any, ClassVar, Final, Literal, TypeVar
 
 import attrs
 
@@ -116,6 +116,22 @@ def register(cls: type[Any], interface: type[Strategy]) -> None:
     if strategy_grammar.register(uri):
         _ADDED_GRAMMARS.add(uri)
     registered[uri.name] = cls
+
+
+StrategyClass = TypeVar("StrategyClass", bound=type[Any])
+
+
+def registrar(interface: type[Strategy]) -> Callable[[StrategyClass], StrategyClass]:
+    """The function a strategy module calls at its bottom to register its class, an
+    implementation of ``interface``, under its ``fc=``, ``cc=`` or ``rc=`` name
+    (:func:`register`); it returns the class."""
+    def register_strategy(cls: StrategyClass) -> StrategyClass:
+        register(cls, interface)
+        return cls
+
+    register_strategy.__doc__ = (f"Take ``{interface.uri_key}=`` values of ``cls``'s grammar "
+                                 f"for ``cls``, a {interface.__name__}; returns ``cls``.")
+    return register_strategy
 
 
 def unregister(cls: type[Any]) -> None:

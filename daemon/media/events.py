@@ -1,5 +1,6 @@
-"""Every event the network agents (the sender and the receiver) send the conductor, in one
-place: what the conductor is told, and nothing it must look up on the agents' objects.
+"""Every event the network agents (the sender and the receiver) send the conductor, named in
+one place (:data:`NetworkEvent`): what the conductor is told, and nothing it must look up on
+the agents' objects.
 
 An event carries what the conductor itself made (a publication, an image, a receive or send
 channel, a registration or counter id) and values; never a conductor-private record.  The
@@ -8,24 +9,42 @@ agents hand them to the conductor's queue (``on_event``), which it drains on its
 publication's state); those named "the command's answer" are sent by the command that the
 conductor queued (:mod:`slipstream.daemon.agents.commands`) once the agent ran it.
 
-The module is in the media layer, below the agents, because the receive and send channels'
-dispatchers (``receive_channel.py``, ``send_channel.py``) make some of them.
+The module is in the media layer, below the agents, because the receive channel's dispatcher
+(``receive_channel.py``) makes some of them: they name the receive channel they came from by
+what their readers use of it, :class:`ImageMaker`.  It is above the send channel's
+(``send_channel.py``), which defines the one event it makes, :class:`ResponseSetupArrived`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import attrs
 
 from slipstream.client.frames import Setup
+from slipstream.client.logbuffer import LogBuffer
+from slipstream.daemon.media.send_channel import ResponseSetupArrived, SendChannel
 from slipstream.daemon.protocol.types import Address
+from slipstream.daemon.reports.loss_report import LossEntry
+from slipstream.daemon.streams.image import ImagePositions, PublicationImage
+from slipstream.daemon.streams.publication import NetworkPublication
 
-if TYPE_CHECKING:
-    from slipstream.daemon.media.receive_channel import ReceiveChannel
-    from slipstream.daemon.media.send_channel import SendChannel
-    from slipstream.daemon.streams.image import PublicationImage
-    from slipstream.daemon.streams.publication import NetworkPublication
+
+class ImageMaker(Protocol):
+    """The receive channel an event names (a
+    :class:`~slipstream.daemon.media.receive_channel.ReceiveChannel`, the maker of the image
+    events), as the event's readers use it: the conductor makes a requested image there, the
+    receiver refuses one there, and both know it by identity."""
+
+    def new_image(self, request: ImageRequested, log: LogBuffer, positions: ImagePositions,
+                  now_ns: int, loss_entry: LossEntry | None = None) -> PublicationImage:
+        """The image for ``request`` over ``log``, not yet received into."""
+        ...
+
+    def reject_image(self, request: ImageRequested, now_ns: int, reason: str, *,
+                     lasting: bool = True) -> int | None:
+        """``request``'s image is not made; its sender hears why."""
+        ...
 
 
 # -- the receiver's ---------------------------------------------------------------------------
@@ -34,7 +53,7 @@ class ImageRequested:
     """A SETUP for a wanted stream: the conductor creates the image's log and counters and
     answers with the receiver's ``on_add_publication_image`` (or ``on_reject_image``)."""
 
-    channel: ReceiveChannel
+    channel: ImageMaker
     setup: Setup
     source: Address
     #: The destination it came through (a multi-destination subscription's), else -1.
@@ -47,7 +66,7 @@ class ImageUnavailable:
     ``lost``: the range of stream positions it lost, as it ended because its subscribers
     were left behind (the image's ``left_behind`` then), else None."""
 
-    channel: ReceiveChannel
+    channel: ImageMaker
     image: PublicationImage
     lost: tuple[int, int] | None = None
 
@@ -56,7 +75,7 @@ class ImageUnavailable:
 class ImageDone:
     """An image was removed; its log and counters may go."""
 
-    channel: ReceiveChannel
+    channel: ImageMaker
     image: PublicationImage
 
 
@@ -67,7 +86,7 @@ class ImageRejected:
     per source per interval (client/notices.py): ``held`` is how many refusals of
     that source since the last were not posted."""
 
-    channel: ReceiveChannel
+    channel: ImageMaker
     setup: Setup
     source: Address
     reason: str
@@ -79,7 +98,7 @@ class ReceiveDestinationFailed:
     """The receiver's thread could not attach a destination the conductor opened: it is no
     destination of ``channel``'s endpoint after all (the command's answer)."""
 
-    channel: ReceiveChannel
+    channel: ImageMaker
     address: Address
     index: int
 
@@ -98,6 +117,7 @@ class PublicationRejected:
 
     publication: NetworkPublication
     rejections: tuple[tuple[Address, str], ...]  # (the receiver's address, its reason)
+    unkept: int = 0  # further ERRs of the same pass, whose text was not kept
 
 
 @attrs.frozen(eq=False)
@@ -106,17 +126,6 @@ class SpiesReleased:
     may end (Aeron's DriverConductor.cleanupSpies)."""
 
     publication: NetworkPublication
-
-
-@attrs.frozen
-class ResponseSetupArrived:
-    """An RSP_SETUP for a request publication of this endpoint: the server made response
-    publication session ``response_session_id`` for it, and the response subscription whose
-    registration id is ``response_correlation_id`` is to take that session (Aeron's
-    DriverConductor.responseSetup)."""
-
-    response_correlation_id: int
-    response_session_id: int
 
 
 @attrs.frozen(eq=False)
@@ -160,7 +169,7 @@ class EndpointRemoved:
     """The agent no longer uses ``channel``'s endpoint (the command's answer): its socket may
     close, unless the conductor revived it since (``generation``: the removal's)."""
 
-    channel: SendChannel | ReceiveChannel
+    channel: SendChannel | ImageMaker
     generation: int
 
 

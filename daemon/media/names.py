@@ -11,8 +11,9 @@ on serving every other client; each command is resolved on a thread of the resol
 queues the :class:`NamesResolved` answer and wakes the runner.  Back on the conductor's thread,
 the answers go into the driver's :class:`NameCache` and the command waiting for them is
 handled; one not answered within :data:`PREFETCH_TIMEOUT_S` is refused, naming its hosts.  A
-blocked resolver delays that one command, never the heartbeats, status messages, other
-clients' commands or the systemd watchdog.
+blocked resolver delays that one command and the same client's later ones, which wait behind
+it in order (daemon/core.py), never the heartbeats, status messages, other clients' commands
+or the systemd watchdog.
 
 Which thread owns what (:data:`~slipstream.daemon.streams.ownership.NAME_THREADS`): the
 cache is the conductor thread's alone (no lock: nothing else touches it); the resolver's

@@ -1,9 +1,10 @@
 """A send channel endpoint's dispatcher (sans-I/O): the status messages, NAKs, RTTMs, ERRs and
 NAK-strength signals arriving at a send endpoint go to its publications (Aeron's
 ``aeron_send_channel_endpoint`` dispatch); an RSP_SETUP for a request publication becomes a
-:class:`ResponseSetupArrived` for the conductor; a response publication learns its one
-destination here (docs/CHANNELS.md §7.6); a dynamic multi-destination-cast endpoint's new
-sources validate here before they are destinations (§7.4.1).
+:class:`ResponseSetupArrived` for the conductor (an event of :mod:`.events`, defined here,
+where it is made); a response publication learns its one destination here (docs/CHANNELS.md
+§7.6); a dynamic multi-destination-cast endpoint's new sources validate here before they are
+destinations (§7.4.1).
 
 Units: times in ns.
 """
@@ -11,6 +12,8 @@ Units: times in ns.
 from __future__ import annotations
 
 import logging
+
+import attrs
 
 from slipstream.client.counters import SystemCounter
 from slipstream.client.frames import (
@@ -29,7 +32,6 @@ from slipstream.client.layout import NO_DEADLINE, RTTM_REPLY_FLAG
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.media.destinations import ControlMode, DestinationTable, Heard
-from slipstream.daemon.media.events import ResponseSetupArrived
 from slipstream.daemon.protocol.types import (
     Address,
     Datagram,
@@ -40,6 +42,17 @@ from slipstream.daemon.protocol.types import (
 from slipstream.daemon.streams.publication import NetworkPublication
 
 log = logging.getLogger("slipstream.driver")
+
+
+@attrs.frozen
+class ResponseSetupArrived:
+    """The conductor's event (:mod:`.events`) for an RSP_SETUP for a request publication of
+    this endpoint: the server made response publication session ``response_session_id`` for
+    it, and the response subscription whose registration id is ``response_correlation_id``
+    is to take that session (Aeron's DriverConductor.responseSetup)."""
+
+    response_correlation_id: int
+    response_session_id: int
 
 
 class SendChannel:
@@ -319,11 +332,11 @@ class SendChannel:
             if table.status_messages_of(candidate) < 2:
                 return  # a receiver of any session answers the heartbeat at once
             for publication in publications:
-                self._challenge(table, publication, publication.setup_frame(), candidate,
+                self._challenge(table, publication, publication.setups.frame(), candidate,
                                 setup_at_ns=now_ns)
         elif sm.is_setup_request:
             [publication] = publications
-            self._challenge(table, publication, publication.setup_frame(), candidate,
+            self._challenge(table, publication, publication.setups.frame(), candidate,
                             setup_at_ns=now_ns)
         else:
             [publication] = publications
@@ -338,7 +351,7 @@ class SendChannel:
         if table.may_send(candidate, len(frame)):
             self.challenges.append((publication, Datagram(frame, candidate)))
             if setup_at_ns is not None:
-                publication.setup_sent(setup_at_ns)
+                publication.setups.sent(setup_at_ns)
         else:
             self.counters.add(SystemCounter.MDC_AMPLIFICATION_DROPS)
 

@@ -29,6 +29,10 @@ Series (names and units as Prometheus expects):
   (``slipstream_recording_position``), else ``slipstream_client_counter_<type id>``, labelled
   ``{label, client, registration, key}`` (the owner's client id, the key in hex): one series
   per counter, one family per type, so that a sum over a family adds like things;
+* every capacity a user can reach (:func:`~slipstream.client.counters.capacities`:
+  ``counters_capacity``, ``log_buffer_memory_limit``, the image bounds), labelled
+  ``{setting}`` by the setting that bounds it: ``slipstream_capacity_used`` (its use now) and
+  ``slipstream_capacity_limit`` (the setting's value) for counts, ``..._bytes`` for bytes;
 * ``slipstream_clients``: clients connected; ``slipstream_driver_heartbeat_age_seconds``.
 """
 
@@ -50,6 +54,7 @@ from slipstream.client.counters import (
     CountersFile,
     CounterType,
     SystemCounter,
+    capacities,
     is_driver_type,
     parse_position_label,
 )
@@ -149,10 +154,9 @@ class CountersCollector(Collector):
             "slipstream_drops", "What the driver received and dropped, by cause "
             "(docs/SECURITY.md)", labels=["cause"])
         clients = 0
-        allocated = 0
+        every = list(counters)
         owned: dict[int, GaugeMetricFamily] = {}  # the counters clients added, by type id
-        for info in counters:
-            allocated += 1
+        for info in every:
             if not is_driver_type(info.type_id):
                 family = owned.get(info.type_id)
                 if family is None:
@@ -230,11 +234,33 @@ class CountersCollector(Collector):
         yield GaugeMetricFamily("slipstream_clients", "Clients connected to the driver",
                                 value=clients)
         yield GaugeMetricFamily("slipstream_counters_allocated",
-                                "Counters in use in the driver's counters file", value=allocated)
+                                "Counters in use in the driver's counters file",
+                                value=len(every))
         yield GaugeMetricFamily(
             "slipstream_counters_capacity",
             "Counters the driver's counters file holds (the setting counters_capacity)",
             value=counters.capacity)
+        # One family per unit, its name saying it, so that a sum over a family adds like
+        # things: counts in slipstream_capacity_used, bytes in slipstream_capacity_used_bytes.
+        families: dict[str, tuple[GaugeMetricFamily, GaugeMetricFamily]] = {}
+        for capacity in capacities(counters, every):
+            if capacity.unit not in families:
+                suffix = "" if capacity.unit == "count" else f"_{capacity.unit}"
+                families[capacity.unit] = (
+                    GaugeMetricFamily(
+                        f"slipstream_capacity_used{suffix}", "What each capacity a user can "
+                        f"reach holds now ({capacity.unit}), by the setting that bounds it",
+                        labels=["setting"]),
+                    GaugeMetricFamily(
+                        f"slipstream_capacity_limit{suffix}",
+                        f"Each capacity's bound ({capacity.unit}): its setting's value",
+                        labels=["setting"]))
+            used, limit = families[capacity.unit]
+            used.add_metric([capacity.setting], capacity.used)
+            limit.add_metric([capacity.setting], capacity.limit)
+        for used, limit in families.values():
+            yield used
+            yield limit
         yield GaugeMetricFamily(
             "slipstream_driver_heartbeat_age_seconds", "Time since the driver's last duty cycle",
             value=max(0.0, (time.time_ns() - counters.driver_heartbeat_ns) / 1e9))

@@ -22,11 +22,14 @@ Eight sections, each read from the files the driver maps (it is never asked anyt
 * **counters**: every counter with its id, type and full label.
 
 ``--json`` prints one snapshot as a JSON object with the same content.  The header names the
-driver's pid and heartbeat age, the counters in use of ``counters_capacity`` (``capacity`` in
-the JSON), and flags a driver that died (its lock is free) or whose
-heartbeat is older than the default driver_timeout; when a new driver takes the directory,
-the next refresh shows its counters.  ``--match`` filters every section, the loss report by
-its label with ``stream=<id> session=<id>`` (as position counters' labels carry them).
+driver's pid and heartbeat age, what each capacity a user can reach holds (the counters in
+use of ``counters_capacity``, the logs' memory of ``log_buffer_memory_limit``, the image bounds:
+:func:`~slipstream.client.counters.capacities`) with the setting that bounds it and its value
+(``capacity`` in the JSON, by setting: used, limit, unit), and flags a driver that died (its
+lock is free) or whose heartbeat is older than the default driver_timeout; when a new driver
+takes the directory, the next refresh shows its counters.  ``--match`` filters every section,
+the loss report by its label with ``stream=<id> session=<id>`` (as position counters' labels
+carry them).
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Callable, Container, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -50,10 +54,13 @@ from slipstream.client.counters import (
     BACK_PRESSURE_TYPES,
     DROP_CAUSES,
     POSITION_TYPES,
+    Capacity,
     CounterInfo,
     CountersFile,
     CounterType,
+    PositionLabel,
     SystemCounter,
+    capacities,
     is_driver_type,
     parse_position_label,
 )
@@ -143,17 +150,22 @@ def stream_channel(channel: str) -> str:
                    interface=parsed.interface, control_mode=parsed.control_mode).canonical()
 
 
+def _labelled(counters: list[CounterInfo],
+              type_ids: Container[int]) -> Iterator[tuple[CounterInfo, PositionLabel]]:
+    """The counters of ``type_ids`` whose labels name a stream, each with its label."""
+    for info in counters:
+        if info.type_id in type_ids:
+            label = parse_position_label(info.label)
+            if label is not None:
+                yield info, label
+
+
 def stream_rows(counters: list[CounterInfo]) -> list[StreamRow]:
     """The position counters grouped by stream (channel, stream id, session), in counter order.
     A stream's images from several sources share a row: their receiver positions are the
     lowest of them."""
     rows: dict[tuple[str, int, int], StreamRow] = {}
-    for info in counters:
-        if info.type_id not in POSITION_TYPES:
-            continue
-        label = parse_position_label(info.label)
-        if label is None:
-            continue
+    for info, label in _labelled(counters, POSITION_TYPES):
         key = (stream_channel(label.channel), label.stream_id, label.session_id)
         row = rows.setdefault(key, StreamRow(*key))
         before = row.positions.get(label.kind)
@@ -170,12 +182,7 @@ _BACK_PRESSURE_TYPE_IDS = frozenset(type_id for type_id, _ in BACK_PRESSURE_TYPE
 def back_pressure_rows(counters: list[CounterInfo]) -> list[BackPressureRow]:
     """The back-pressure counters grouped by publication (channel, stream id, session)."""
     rows: dict[tuple[str, int, int], BackPressureRow] = {}
-    for info in counters:
-        if info.type_id not in _BACK_PRESSURE_TYPE_IDS:
-            continue
-        label = parse_position_label(info.label)
-        if label is None:
-            continue
+    for info, label in _labelled(counters, _BACK_PRESSURE_TYPE_IDS):
         key = (label.channel, label.stream_id, label.session_id)
         rows.setdefault(key, BackPressureRow(*key)).counters[label.kind] = info.value
     return list(rows.values())
@@ -190,6 +197,15 @@ def _rate(value: int, before: int | None, elapsed_s: float) -> str:
 def _time(epoch_ns: int) -> str:
     clock = time.strftime("%H:%M:%S", time.localtime(epoch_ns / 1e9))
     return f"{clock}.{epoch_ns // 1_000_000 % 1000:03d}"
+
+
+Row = TypeVar("Row")
+
+
+def _table(title: str, header: str, rows: Sequence[Row], line: Callable[[Row], str]) -> list[str]:
+    """A section of :func:`render`: its title, then, when it has rows, the column header and
+    one line per row."""
+    return [title, header, *map(line, rows)] if rows else [title]
 
 
 def render_errors(errors: list[ErrorEntry], title: str = "errors") -> list[str]:
@@ -212,41 +228,43 @@ def render(counters: list[CounterInfo], previous: dict[int, int], elapsed_s: flo
     now_ns = time.monotonic_ns() if now_ns is None else now_ns
     lines = [header, ""]
 
+    def stream_line(row: StreamRow) -> str:
+        cells = " ".join(f"{row.positions[c]:>15,}" if c in row.positions else f"{'-':>15}"
+                         for c in STREAM_COLUMNS)
+        return (f"  {row.stream_id:>8} {row.session_id:>11} {cells}  "
+                f"{row.subscribers:>4}  {row.channel}")
+
     rows = stream_rows(counters)
-    lines.append(f"streams ({len(rows)})")
-    if rows:
-        lines.append(f"  {'stream':>8} {'session':>11} "
-                     + " ".join(f"{c:>15}" for c in STREAM_COLUMNS) + "  subs  channel")
-        for row in rows:
-            cells = " ".join(f"{row.positions[c]:>15,}" if c in row.positions else f"{'-':>15}"
-                             for c in STREAM_COLUMNS)
-            lines.append(f"  {row.stream_id:>8} {row.session_id:>11} {cells}  "
-                         f"{row.subscribers:>4}  {row.channel}")
+    lines += _table(f"streams ({len(rows)})",
+                    f"  {'stream':>8} {'session':>11} "
+                    + " ".join(f"{c:>15}" for c in STREAM_COLUMNS) + "  subs  channel",
+                    rows, stream_line)
+
+    def back_pressure_line(row: BackPressureRow) -> str:
+        values = row.counters
+        return (f"  {row.stream_id:>8} {row.session_id:>11} "
+                f"{values.get('bp-episodes', 0):>10,} "
+                f"{values.get('bp-time', 0) / 1e9:>12.3f} s "
+                f"{values.get('bp-depth', 0):>13,} {values.get('bp-peak', 0):>13,} "
+                f"{values.get('pub-drops', 0):>12,}  {row.channel}")
 
     pressured = back_pressure_rows(counters)
-    lines += ["", f"back pressure ({len(pressured)} publications)"]
-    if pressured:
-        lines.append(f"  {'stream':>8} {'session':>11} {'episodes':>10} {'time in them':>14} "
-                     f"{'depth':>13} {'peak':>13} {'dropped':>12}  channel")
-        for row in pressured:
-            values = row.counters
-            lines.append(f"  {row.stream_id:>8} {row.session_id:>11} "
-                         f"{values.get('bp-episodes', 0):>10,} "
-                         f"{values.get('bp-time', 0) / 1e9:>12.3f} s "
-                         f"{values.get('bp-depth', 0):>13,} {values.get('bp-peak', 0):>13,} "
-                         f"{values.get('pub-drops', 0):>12,}  {row.channel}")
+    lines += ["", *_table(f"back pressure ({len(pressured)} publications)",
+                          f"  {'stream':>8} {'session':>11} {'episodes':>10} "
+                          f"{'time in them':>14} {'depth':>13} {'peak':>13} {'dropped':>12}  "
+                          f"channel", pressured, back_pressure_line)]
+
+    def client_counter_line(row: ClientCounterRow) -> str:
+        owner = f"client {row.owner_id}" + (f" pid {row.owner_pid}"
+                                             if row.owner_pid is not None else "")
+        key = f"  key={row.key}" if row.key else ""
+        return (f"  {row.counter_id:>5} {row.type_name:<20} {row.value:>20,} "
+                f"{owner:<26} {row.registration_id:>14}  {row.label}{key}")
 
     owned = client_counter_rows(counters)
-    lines += ["", f"client counters ({len(owned)})"]
-    if owned:
-        lines.append(f"  {'id':>5} {'type':<20} {'value':>20} {'owner':<26} {'registration':>14}"
-                     f"  label")
-        for row in owned:
-            owner = f"client {row.owner_id}" + (f" pid {row.owner_pid}"
-                                                 if row.owner_pid is not None else "")
-            key = f"  key={row.key}" if row.key else ""
-            lines.append(f"  {row.counter_id:>5} {row.type_name:<20} {row.value:>20,} "
-                         f"{owner:<26} {row.registration_id:>14}  {row.label}{key}")
+    lines += ["", *_table(f"client counters ({len(owned)})",
+                          f"  {'id':>5} {'type':<20} {'value':>20} {'owner':<26} "
+                          f"{'registration':>14}  label", owned, client_counter_line)]
 
     lines += ["", "driver"]
     for info in counters:
@@ -260,15 +278,15 @@ def render(counters: list[CounterInfo], previous: dict[int, int], elapsed_s: flo
         rate = _rate(info.value, previous.get(info.counter_id), elapsed_s)
         lines.append(f"  {cause:<28} {info.value:>20,} {rate:>14}")
 
+    def loss_line(loss: LossObservation) -> str:
+        return (f"  {loss.observations:>10,} {loss.bytes_lost:>16,} "
+                f"{_time(loss.first_ns):>12} {_time(loss.last_ns):>12} "
+                f"{loss.session_id:>11} {loss.stream_id:>8}  {loss.label}")
+
     losses = losses or []
-    lines += ["", f"loss report ({len(losses)} image(s) with gaps)"]
-    if losses:
-        lines.append(f"  {'gaps':>10} {'bytes lost':>16} {'first':>12} {'last':>12} "
-                     f"{'session':>11} {'stream':>8}  channel")
-        for loss in losses:
-            lines.append(f"  {loss.observations:>10,} {loss.bytes_lost:>16,} "
-                         f"{_time(loss.first_ns):>12} {_time(loss.last_ns):>12} "
-                         f"{loss.session_id:>11} {loss.stream_id:>8}  {loss.label}")
+    lines += ["", *_table(f"loss report ({len(losses)} image(s) with gaps)",
+                          f"  {'gaps':>10} {'bytes lost':>16} {'first':>12} {'last':>12} "
+                          f"{'session':>11} {'stream':>8}  channel", losses, loss_line)]
 
     lines += ["", *render_errors(errors or [])]
     if previous_errors:
@@ -295,17 +313,27 @@ def drop_rows(counters: list[CounterInfo]) -> dict[str, CounterInfo]:
             if counter.value in by_id}
 
 
-def counters_use(allocated: int, capacity: int) -> str:
-    """The counters file's use, naming the setting that bounds it."""
-    return f"counters {allocated:,} of {capacity:,} (counters_capacity)"
+def capacity_use(capacity: Capacity) -> str:
+    """One capacity's use, naming the setting that bounds it and its value."""
+    if capacity.unit == "bytes":
+        used, limit = f"{capacity.used / 2**20:,.1f} MiB", f"{capacity.limit / 2**20:,g} MiB"
+    else:
+        used, limit = f"{capacity.used:,}", f"{capacity.limit:,}"
+    share = capacity.used / capacity.limit if capacity.limit > 0 else 0.0
+    return f"{capacity.setting} {used} of {limit} ({share:.0%})"
+
+
+def capacities_line(found: Sequence[Capacity]) -> str:
+    """The header's line of every capacity's use."""
+    return "capacities: " + ", ".join(capacity_use(capacity) for capacity in found)
 
 
 def snapshot_json(counters: list[CounterInfo], losses: list[LossObservation], *, pid: int,
                   heartbeat_age_s: float,
                   errors: list[ErrorEntry] | None = None,
-                  capacity: dict[str, int] | None = None) -> dict[str, Any]:
-    """One snapshot as plain data (``slipstream stat --json``); ``capacity``: the counters
-    allocated and ``counters_capacity``."""
+                  capacity: Sequence[Capacity] = ()) -> dict[str, Any]:
+    """One snapshot as plain data (``slipstream stat --json``); ``capacity``: what each
+    capacity holds now (:func:`capacities`), by its setting."""
     system = {}
     for info in counters:
         if info.type_id == CounterType.SYSTEM:
@@ -316,7 +344,8 @@ def snapshot_json(counters: list[CounterInfo], losses: list[LossObservation], *,
     return {
         "driver_pid": pid,
         "heartbeat_age_s": heartbeat_age_s,
-        "capacity": capacity or {},
+        "capacity": {c.setting: {"used": c.used, "limit": c.limit, "unit": c.unit}
+                     for c in capacity},
         "streams": [attrs.asdict(row) for row in stream_rows(counters)],
         "back_pressure": [attrs.asdict(row) for row in back_pressure_rows(counters)],
         "client_counters": [attrs.asdict(row) for row in client_counter_rows(counters)],
@@ -425,19 +454,19 @@ def run_stat(directory: str | None, *, interval: float = 1.0, once: bool = False
     try:
         while True:
             now = time.monotonic()
-            snapshot = [c for c in counters if label_matches(c.label, match)]
+            every = list(counters)
+            snapshot = [c for c in every if label_matches(c.label, match)]
             losses = [loss for loss in read_loss_report(path)
                       if label_matches(loss_match_label(loss), match)]
             errors = read_error_log(path)
             previous_errors = read_error_log(path, PREVIOUS_FILE)
             age = (time.time_ns() - counters.driver_heartbeat_ns) / 1e9
             running = driver_holds_lock(path)
-            allocated = sum(1 for _ in counters)
+            found = capacities(counters, every)
             if as_json:
                 snapshot_data = snapshot_json(
                     snapshot, losses, pid=counters.driver_pid, heartbeat_age_s=age,
-                    errors=errors, capacity={"counters_allocated": allocated,
-                                             "counters_capacity": counters.capacity})
+                    errors=errors, capacity=found)
                 snapshot_data["previous_errors"] = [attrs.asdict(e) for e in previous_errors]
                 snapshot_data["driver_running"] = running
                 json.dump(snapshot_data, sys.stdout, indent=1)
@@ -446,7 +475,7 @@ def run_stat(directory: str | None, *, interval: float = 1.0, once: bool = False
             header = (f"slipstream driver pid {counters.driver_pid} in {path}  "
                       f"heartbeat {age:.1f} s ago  {time.strftime('%H:%M:%S')}"
                       f"{_driver_state(path, counters, age)}\n"
-                      f"{counters_use(allocated, counters.capacity)}")
+                      f"{capacities_line(found)}")
             if notice:
                 header += f"\n{notice}"
                 notice = ""

@@ -19,11 +19,10 @@ Sans-I/O: :meth:`BackPressureEpisodes.sample` takes the positions and ``now``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import attrs
 
 from slipstream.client._native import ffi, lib
+from slipstream.client.channel import Channel
 from slipstream.client.counters import CounterType
 from slipstream.client.layout import (
     META_ACTIVE_TERM_COUNT,
@@ -33,18 +32,14 @@ from slipstream.client.layout import (
     META_TAIL_COUNTERS,
     PARTITION_COUNT,
 )
-from slipstream.client.logbuffer import index_by_term_count, tail_term_offset
+from slipstream.client.logbuffer import LogBuffer, index_by_term_count, tail_term_offset
+from slipstream.daemon.config import DriverSettings
 
 #: How often the conductor samples while an episode is open (its end is seen within this).  An
 #: IPC stream near its limit keeps the conductor's cycle at a millisecond anyway; for a
 #: network stream these are the only cycles the episode costs (a publisher that meets its
 #: limit wakes the conductor once per limit value, never per refused offer).
 EPISODE_SAMPLE_INTERVAL_NS = 10_000_000
-
-if TYPE_CHECKING:
-    from slipstream.client.channel import Channel
-    from slipstream.client.logbuffer import LogBuffer
-    from slipstream.daemon.config import DriverSettings
 
 
 def watermarks_of(channel: Channel, settings: DriverSettings) -> tuple[int, int]:

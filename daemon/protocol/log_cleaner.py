@@ -50,10 +50,6 @@ class LogCleaner:
         """Zeroed up to here (bytes)."""
         return self.c.position
 
-    @property
-    def chunk_length(self) -> int:
-        return self.c.chunk_length
-
     def clean_toward(self, consumer_position: int) -> bool:
         """Zero up to one chunk toward one term behind ``consumer_position``; True when it
         zeroed something (the caller may want another call soon: see :attr:`is_behind`)."""

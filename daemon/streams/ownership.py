@@ -219,10 +219,10 @@ PUBLICATION_THREADS: dict[str, str] = _owned(
         take_c_status_messages
         sync_c_half
         publish_status state is_done is_connected is_flushed is_end_of_stream
-        is_setup_elicited has_initial_connection has_live_receiver has_receiver_at
+        has_initial_connection has_live_receiver has_receiver_at
         has_receivers has_received_unicast_eos learns_destinations credit_stop_position
-        eos_heartbeats_sent flow_control rate_control durable retransmit_handler rejections
-        setup_frame setup_sent
+        eos_heartbeats_sent flow_control rate_control durable retransmit_handler refusals
+        setups
         spies_released spy_count consumer_position active_term_id term_offset""",
 )
 

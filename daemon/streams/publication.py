@@ -19,12 +19,12 @@ int64 cells (counters): ``snd-pos`` and ``snd-lmt`` and ``pub-lmt`` (:class:`Sen
 What goes out of :meth:`NetworkPublication.datagrams_to_send`, in Aeron's order:
 
 1. SETUP every 100 ms until the first SM, and again while a receiver elicits it (S-flag SM)
-   until it has live receivers (``aeron_network_publication_setup_message_check``);
+   until it has live receivers, backed off while receivers refuse the image with ERRs
+   (:mod:`~slipstream.daemon.streams.setups`, :mod:`~slipstream.daemon.streams.refusals`);
 2. RTTM replies;
-3. with ``rc=``, the rate-control announcement
-   (:class:`~slipstream.daemon.flow.rate_control.NakStrengthRateControl`) every
-   second and at once to a new receiver.  Its NAK-strength signals set the send-rate limit
-   that the C data path enforces per datagram.
+3. with ``rc=``, the rate-control announcement every second and at once to a new receiver
+   (:mod:`~slipstream.daemon.streams.rate`).  Its NAK-strength signals set the send-rate
+   limit that the C data path enforces per datagram.
 
 Retransmits (from NAKs, through :class:`RetransmitHandler`) are spans of the log queued on
 :attr:`NetworkPublication.c`: the data path sends them ahead of new data, in its own
@@ -61,16 +61,7 @@ import attrs
 
 from slipstream.client._native import ffi, lib
 from slipstream.client.counters import SystemCounter
-from slipstream.client.frames import (
-    SETUP_GROUP_FLAG,
-    SETUP_SEND_RESPONSE_FLAG,
-    ErrorFrame,
-    Nak,
-    RateSignal,
-    Rttm,
-    Setup,
-    StatusMessage,
-)
+from slipstream.client.frames import ErrorFrame, Nak, RateSignal, Rttm, StatusMessage
 from slipstream.client.layout import NO_DEADLINE
 from slipstream.client.logbuffer import (
     LogBuffer,
@@ -83,7 +74,6 @@ from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow.flow_control import FlowControl
-from slipstream.daemon.flow.rate_control import ANNOUNCE_INTERVAL_NS
 from slipstream.daemon.flow.registry import rate_control_for
 from slipstream.daemon.pressure.governor import COALESCE_NS, TOP_STEP
 from slipstream.daemon.protocol.log_cleaner import LogCleaner
@@ -91,7 +81,10 @@ from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.retransmit import RetransmitBudget, RetransmitHandler
 from slipstream.daemon.protocol.types import Address, Datagram, ProtocolCounters
 from slipstream.daemon.streams.durable import DurablePosition
+from slipstream.daemon.streams.rate import PublicationRateControl
 from slipstream.daemon.streams.receivers import PublicationReceivers, PublicationStatus
+from slipstream.daemon.streams.refusals import PublicationRefusals
+from slipstream.daemon.streams.setups import PublicationSetups
 from slipstream.daemon.streams.spies import PublicationSpies
 from slipstream.daemon.streams.states import (
     PUBLICATION_TRANSITIONS,
@@ -99,19 +92,10 @@ from slipstream.daemon.streams.states import (
     next_state,
 )
 
-#: AERON_NETWORK_PUBLICATION_SETUP_TIMEOUT_NS / _HEARTBEAT_TIMEOUT_NS.
-SETUP_TIMEOUT_NS = 100_000_000
-#: While no receiver is live, an ERR (a receiver refused the image) spaces SETUPs at least
-#: this far apart (a refusing receiver cools the session down for a second: sooner ones
-#: would be dropped unread), each further ERR twice as far, up to SETUP_BACKOFF_MAX_NS
-#: (slipstream).
-SETUP_REFUSED_INTERVAL_NS = 1_000_000_000
-SETUP_BACKOFF_MAX_NS = 8_000_000_000
+#: AERON_NETWORK_PUBLICATION_HEARTBEAT_TIMEOUT_NS.
 HEARTBEAT_TIMEOUT_NS = network.SS_HEARTBEAT_TIMEOUT_NS
 #: ``ss_publication_limit_step``'s cap below every position: offers refused, cleaning only.
 _REFUSING = -NO_DEADLINE
-#: ERR reasons a publication keeps for the conductor between two passes of its sender.
-REJECTIONS_PER_PASS_MAX = 16
 
 
 @attrs.frozen
@@ -170,14 +154,10 @@ class NetworkPublication(OfOneLog):
         self.is_unicast = not self.is_group
         #: DATA goes to a multicast group (not to one receiver).
         self._to_group = _is_multicast(destination[0])
-        # SEND_RESPONSE: a request publication asks its image's driver for an RSP_SETUP.
-        self._setup_flags = ((SETUP_GROUP_FLAG if self.is_group else 0)
-                             | (SETUP_SEND_RESPONSE_FLAG if params.sends_response_setup else 0))
         #: response-correlation-id= (docs/CHANNELS.md §7.6): a request publication's response
         #: subscription (RSP_SETUP names it to the conductor), or a response publication's
         #: request image; None without.
         self.response_correlation_id = params.response_correlation_id
-        self._ttl = params.setup_ttl
         #: priority= of its URI: its band in the sender's round robin (docs/BACKPRESSURE.md).
         self.priority = params.priority
         #: ssc=true: its spies connect it as receivers would, and while it has no receiver
@@ -251,8 +231,7 @@ class NetworkPublication(OfOneLog):
         c.cleaner = self.cleaner.c
         c.spy_hold = self.spy_hold
         c.spy_python_position = NO_DEADLINE
-        #: NAK-strength send-rate adaptation (rc=), None without; it announces itself to the
-        #: receivers every ANNOUNCE_INTERVAL_NS and at once to a new one.
+        #: NAK-strength send-rate adaptation (rc=), None without: the strategy of ``_rate``.
         self.rate_control = rate_control_for(params, now_ns, join)
 
         # -- the sender thread's: state, receivers and spies -------------------------------
@@ -263,7 +242,6 @@ class NetworkPublication(OfOneLog):
         #: sender tells the conductor, which ends their images (Aeron's cleanupSpies).
         self.spies_released = False
         self.has_initial_connection = False
-        self.is_setup_elicited = False
         #: Its endpoint learns destinations from status messages (dynamic
         #: multi-destination-cast): they all come to Python, which keeps them alive.
         self.learns_destinations = False
@@ -282,26 +260,25 @@ class NetworkPublication(OfOneLog):
                                         join, term_length=self.term_length, mtu=self.mtu)
                         if params.durable is not None else None)
         self._publish_durable()
-        #: ERR frames since the sender last looked: (the receiver's address, its reason).
-        self.rejections: list[tuple[Address, str]] = []
-        #: ERRs naming a live receiver, from its address: receiver id -> (the ERR, when it
-        #: came); each counts _error_grace_ns later unless an SM of that receiver comes
-        #: first.
-        self._pending_errors: dict[int, tuple[ErrorFrame, int]] = {}
-        self._error_grace_ns = 2 * settings.status_message_timeout
+        #: Its SETUPs (the first at once), and its receivers' ERRs, which may back them off.
+        self.setups = PublicationSetups(c, log, params, flow_control, destination, now_ns)
+        self.refusals = PublicationRefusals(self._receivers, self.setups, counters,
+                                            2 * settings.status_message_timeout)
+        #: With rc=: its announcements, the signals it heeds, its limit handed to the C half.
+        self._rate = (PublicationRateControl(
+            self.rate_control, c, log=log, limit_cell=positions.sender_rate_limit,
+            receivers=self._receivers, flow_control=flow_control, counters=counters,
+            destination=destination, now_ns=now_ns) if self.rate_control is not None else None)
 
         # -- the sender thread's: timers ---------------------------------------------------
         self._status_message_deadline_ns = NO_DEADLINE
-        self._time_of_last_setup_ns = now_ns - SETUP_TIMEOUT_NS  # first SETUP at once
-        #: SETUP_TIMEOUT_NS, or longer while receivers refuse the image (ERR frames).
-        self._setup_interval_ns = SETUP_TIMEOUT_NS
         self._linger_start_ns = 0
         self._outbox: list[Datagram] = []  # RTTM replies made in on_frame
         self._now_ns = now_ns
         self._next_due_ns = now_ns  # next_deadline_ns() as of the last datagrams_to_send
         self._last_sender_position = join  # and when it last moved: _check_for_blocked_publisher
-        self._time_of_last_sender_progress_ns = now_ns
-        self._announce_deadline_ns = now_ns if self.rate_control else NO_DEADLINE
+        self._time_of_last_sender_progress_ns = self._time_of_last_blocked_check_ns = now_ns
+        self._seen_held = False  # the last check saw snd-pos behind the producer
 
     # -- sampled: counters and words the sender publishes; any thread reads them -----------
     @property
@@ -495,10 +472,10 @@ class NetworkPublication(OfOneLog):
             self.counters.add(SystemCounter.STATUS_MESSAGES_RECEIVED)
             if not self.admits_status_message(frame, source, now_ns):
                 return
-            if frame.is_setup_request:
-                self._on_trigger_send_setup(frame, source, now_ns)
-            else:
+            if not frame.is_setup_request:
                 self._on_status_message(frame, source, now_ns)
+            elif not self.is_end_of_stream:  # a SETUP asked for: not once EOS is signalled
+                self.setups.on_request(frame, source, now_ns)
         elif isinstance(frame, Nak):
             self.counters.add(SystemCounter.NAK_MESSAGES_RECEIVED)
             if not self._receivers.has_source(source):
@@ -519,41 +496,10 @@ class NetworkPublication(OfOneLog):
                     reply.encode(), self.destination if self._to_group else source))
         elif isinstance(frame, RateSignal):
             self.counters.add(SystemCounter.RATE_SIGNALS_RECEIVED)
-            rate_control = self.rate_control
-            if rate_control is not None and self._rate_signal_counts(frame, source):
-                if not self.flow_control.heeds_rate_signal(frame.group_tag):
-                    # fc=tagged: a receiver outside the group never holds the sender back,
-                    # nor does its signal.
-                    self.counters.add(SystemCounter.RATE_SIGNALS_IGNORED)
-                elif rate_control.on_signal(now_ns, frame.threshold, self.sender_position,
-                                            frame.consumption_rate):
-                    self.counters.add(SystemCounter.RATE_CUTS)
-                    self._apply_rate_limit(now_ns)
-        elif isinstance(frame, ErrorFrame):
-            bound = self._receivers.bound_host(frame.receiver_id)
-            if bound is not None and bound != source[0]:
-                # Naming a live receiver from another host: forged or stray, it changes nothing.
-                self.counters.add(SystemCounter.ERR_SOURCE_MISMATCH_DROPS)
-                return
-            # For the conductor to log (Sender: PublicationRejected): the operator of this
-            # host sees the stream stay unconnected, and this is the only word why.  The
-            # conductor logs a few a second at most; more in one pass are not kept.
-            if len(self.rejections) < REJECTIONS_PER_PASS_MAX:
-                self.rejections.append((source, frame.message))
-            else:
-                self.counters.add(SystemCounter.REMOTE_TEXT_SUPPRESSED_DROPS)
-            if bound is None:
-                # No live receiver of that id: a receiver refused the image.  While none is
-                # live, SETUPs back off; nothing else of the stream changes.
-                if not self._receivers:
-                    self._setup_interval_ns = min(
-                        max(2 * self._setup_interval_ns, SETUP_REFUSED_INTERVAL_NS),
-                        SETUP_BACKOFF_MAX_NS)
-                return
-            # A live receiver's: it counts once the receiver's SMs stop (a receiver that
-            # rejected the image sends none for it), within the grace; an SM of it after the
-            # ERR says it is still there, and the ERR (forged from its address) is dropped.
-            self._pending_errors.setdefault(frame.receiver_id, (frame, now_ns))
+            if self._rate is not None:
+                self._rate.on_signal(frame, source, now_ns)
+        elif isinstance(frame, ErrorFrame) and not self.refusals.on_error(frame, source, now_ns):
+            return  # it changes no receiver
         self._receivers.sync_c_sources(self.c)
 
     def admits_status_message(self, sm: StatusMessage, source: Address, now_ns: int) -> bool:
@@ -568,27 +514,6 @@ class NetworkPublication(OfOneLog):
         self.counters.add(SystemCounter.SM_SOURCE_MISMATCH_DROPS)
         return False
 
-    def _rate_signal_counts(self, signal: RateSignal, source: Address) -> bool:
-        """Whether a NAK-strength signal from ``source`` may slow the sender: it comes from a
-        live receiver's address, and that receiver's own status messages show the backlog it
-        claims (snd-pos minus what it acknowledged, at least the claimed threshold of its
-        window: an honest receiver's acknowledged position is at or behind its slowest
-        subscriber, its top at or behind snd-pos, and its SMs leave in order with its
-        signals) and no more than its window beyond the
-        resend window.  Each refusal is counted by its cause."""
-        if not self._receivers.has_source(source):
-            self.counters.add(SystemCounter.RATE_SIGNAL_UNKNOWN_SOURCE_DROPS)
-            return False
-        backlog, window = self._receivers.backlog_at(source, self.sender_position)
-        # Nor more than a receiver can hold and still be repaired: its window beyond what the
-        # publication can resend (half a term); one that far behind is left behind, and SMs
-        # frozen that far back are a forger's.
-        if (backlog * 100 < signal.threshold * window
-                or backlog > window + (self.term_length >> 1)):
-            self.counters.add(SystemCounter.RATE_SIGNAL_UNBACKED_DROPS)
-            return False
-        return True
-
     def take_c_status_messages(self) -> None:
         """Record the status messages the C control path took since the last look (see
         ``sm_in_c``) as :meth:`_on_status_message` records one: the receiver's liveness, the
@@ -600,10 +525,7 @@ class NetworkPublication(OfOneLog):
         taken_ns = c.sm_time_ns
         self._status_message_deadline_ns = network.ss_publication_receiver_deadline(c, taken_ns)
         self._receivers.on_c_status_message(c.sm_receiver_id, c.sm_position, taken_ns)
-        pending = self._pending_errors.get(c.sm_receiver_id)
-        if pending is not None and taken_ns > pending[1]:
-            del self._pending_errors[c.sm_receiver_id]  # it went on: not its ERR
-            self.counters.add(SystemCounter.ERR_CONTRADICTED_DROPS)
+        self.refusals.on_status_message(c.sm_receiver_id, taken_ns)
         self.flow_control.receiver_window = c.sm_window
         self.retransmit_handler.set_resend_lookahead(
             self.flow_control.retransmission_lookahead(self.mtu))
@@ -631,7 +553,7 @@ class NetworkPublication(OfOneLog):
         sole = self._receivers.sole()
         take = (self.state is PublicationState.ACTIVE and self._connected
                 and self.rate_control is None and self.flow_control.c_fast_path
-                and sole is not None and not self.is_setup_elicited
+                and sole is not None and not self.setups.elicited
                 and not self.learns_destinations)
         c.python_send_position = self.python_send_position()
         c.spy_python_position = self._spy_python_position()
@@ -653,19 +575,8 @@ class NetworkPublication(OfOneLog):
         """A peer of its encrypted endpoint just got its session (docs/CHANNELS.md §7.8),
         having dropped the SETUP that made it ask: while SETUPs are due, the next goes at
         once rather than a SETUP interval later."""
-        self._time_of_last_setup_ns = now_ns - self._setup_interval_ns
+        self.setups.send_next_at(now_ns)
         self._next_due_ns = 0
-
-    def _on_trigger_send_setup(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
-        # aeron_network_publication_trigger_send_setup_frame: not once EOS is signalled.
-        if not self.is_end_of_stream:
-            self.is_setup_elicited = True
-            self.flow_control.on_trigger_send_setup(sm, source, now_ns)
-            if self._setup_interval_ns > SETUP_TIMEOUT_NS:
-                # SETUPs back off after a refusal; a receiver that asks (its cool-down
-                # over, it may have room now) gets one at once.
-                self._time_of_last_setup_ns = now_ns - self._setup_interval_ns
-                self._next_due_ns = 0
 
     def _on_status_message(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
         # What an honest receiver could report (ss_publication_status_message, docs/DRIVER.md
@@ -690,11 +601,9 @@ class NetworkPublication(OfOneLog):
             if self.is_unicast:
                 self.has_received_unicast_eos = True
         else:
-            if self._pending_errors.pop(sm.receiver_id, None) is not None:
-                # It goes on after its ERR: the ERR was not its (forged from its address).
-                self.counters.add(SystemCounter.ERR_CONTRADICTED_DROPS)
-            if self.rate_control is not None and sm.receiver_id not in self._receivers:
-                self._announce_deadline_ns = now_ns  # a new receiver: tell it to signal
+            self.refusals.on_status_message(sm.receiver_id)
+            if self._rate is not None and sm.receiver_id not in self._receivers:
+                self._rate.announce_at(now_ns)  # a new receiver: tell it to signal
             self._receivers.on_status_message(sm.receiver_id, position, source, now_ns,
                                               sm.receiver_window)
         if self.durable is not None and self.durable.on_status_message(
@@ -794,10 +703,10 @@ class NetworkPublication(OfOneLog):
         self._outbox = []
         if self.state is PublicationState.DONE:
             return out
-        if not self.has_initial_connection or self.is_setup_elicited:
-            self._setup_message_check(now_ns, out)
-        if self.rate_control is not None:
-            self._rate_control_check(now_ns, out)
+        if not self.has_initial_connection or self.setups.elicited:
+            self.setups.check(now_ns, out, has_receivers=bool(self._receivers))
+        if self._rate is not None:
+            self._rate.check(now_ns, out)
         self.flow_control.sender_position = self.sender_position
         self.sender_limit = self.flow_control.on_idle(
             now_ns, self.sender_limit, self.sender_position, self.is_end_of_stream)
@@ -818,69 +727,19 @@ class NetworkPublication(OfOneLog):
         not moved for ``unblock_timeout_ns`` while the log holds more, that frame becomes
         padding and the stream goes on (NetworkPublication.checkForBlockedPublisher).
         :func:`unblock` pads only an uncommitted frame: a sender held by flow control is left
-        alone.  Runs on the publication's timers, one of which is due ``unblock_timeout_ns`` after
-        snd-pos last moved while the log holds more."""
+        alone.  The timeout runs from the first check that saw snd-pos held (an idle
+        publication's last progress may be long before a claim made now)."""
         sender_position = self.sender_position
-        producer_position = self.log.producer_position()
-        if sender_position != self._last_sender_position or producer_position <= sender_position:
+        self._time_of_last_blocked_check_ns = now_ns
+        behind = self.log.producer_position() > sender_position
+        if sender_position != self._last_sender_position or not (behind and self._seen_held):
             self._last_sender_position = sender_position
             self._time_of_last_sender_progress_ns = now_ns
+            self._seen_held = behind
         elif now_ns - self._time_of_last_sender_progress_ns > self.unblock_timeout_ns:
-            if unblock(self.log, sender_position, producer_position):
+            if unblock(self.log, sender_position, self.log.producer_position()):
                 self.counters.add(SystemCounter.UNBLOCKED_PUBLICATIONS)
             self._time_of_last_sender_progress_ns = now_ns
-
-    def setup_frame(self) -> bytes:
-        """A SETUP for the stream as it is now (at snd-pos): what a receiver makes its image
-        from.  Whoever sends it calls :meth:`setup_sent`."""
-        position = self.sender_position
-        return Setup(position & self._mask, self.session_id, self.stream_id,
-                     self.initial_term_id, self._term_id(position), self.term_length, self.mtu,
-                     self._ttl, self._setup_flags).encode()
-
-    def setup_sent(self, now_ns: int) -> None:
-        """A :meth:`setup_frame` went out: flow control hears where it puts a receiver
-        (``fc=min`` admission)."""
-        self.flow_control.on_setup_frame(self.sender_position, now_ns)
-
-    def _setup_message_check(self, now_ns: int, out: list[Datagram]) -> None:
-        if self._receivers:
-            self._setup_interval_ns = SETUP_TIMEOUT_NS
-        if now_ns - self._time_of_last_setup_ns < self._setup_interval_ns:
-            return
-        out.append(Datagram(self.setup_frame(), self.destination))
-        self.setup_sent(now_ns)
-        self._time_of_last_setup_ns = now_ns
-        self.flow_control.on_setup(now_ns, self.sender_limit)
-        if self._receivers:
-            self.is_setup_elicited = False
-
-    def _rate_control_check(self, now_ns: int, out: list[Datagram]) -> None:
-        rate_control = self.rate_control
-        assert rate_control is not None
-        if now_ns >= rate_control.next_deadline_ns():
-            rate_control.on_tick(now_ns, self.sender_position)
-            self._apply_rate_limit(now_ns)
-        if now_ns >= self._announce_deadline_ns:
-            out.append(Datagram(rate_control.announcement(self.session_id,
-                                                          self.stream_id).encode(),
-                                self.destination))
-            self._announce_deadline_ns = now_ns + ANNOUNCE_INTERVAL_NS
-
-    def _apply_rate_limit(self, now_ns: int) -> None:
-        """Hand the rate control's limit to the C data path (and the snd-rate counter)."""
-        assert self.rate_control is not None
-        c = self.c
-        limit = self.rate_control.rate_limit
-        if limit == c.rate_limit:
-            return
-        if not c.rate_limit:  # a new limit starts with a full bucket
-            c.rate_time_ns = now_ns
-            c.rate_credit = self.rate_control.burst()
-        c.rate_burst = self.rate_control.burst()
-        c.rate_limit = limit
-        if self.positions.sender_rate_limit is not None:
-            lib.ss_store_release_i64(self.positions.sender_rate_limit, limit)
 
     @property
     def eos_heartbeats_sent(self) -> int:
@@ -919,15 +778,15 @@ class NetworkPublication(OfOneLog):
         cap = NO_DEADLINE if self.credit_stop_position is None else self.credit_stop_position
         network.ss_publication_limit_step(self.c, _REFUSING if self._refusing_offers else cap)
 
-    def apply_pressure_step(self, step: int) -> None:
+    def apply_pressure_step(self, step: int) -> bool:
         """The governor's step: from step 1 new data short of a datagram waits a little for
         more; at step 4 a publication of the lowest band (priority < 0) takes no new offers
         (its pub-lmt stays at the producer's position: BACK_PRESSURED); what it accepted
-        still goes."""
+        still goes.  Returns whether its offers are refused or taken anew."""
         self.c.coalesce_ns = COALESCE_NS if step >= 1 else 0
         refusing = step >= TOP_STEP and self.priority < 0
         if refusing == self._refusing_offers:
-            return
+            return False
         self._refusing_offers = refusing
         self.sync_c_half(within_pass=True)
         if refusing:
@@ -936,6 +795,7 @@ class NetworkPublication(OfOneLog):
                                               self.sender_position)))
         elif self.state is PublicationState.ACTIVE and self._connected:
             self._update_publisher_limit()
+        return True
 
     def _set_publisher_limit(self, limit: int) -> None:
         """Store pub-lmt and wake the publishers parked for credit (policy=block)."""
@@ -943,16 +803,14 @@ class NetworkPublication(OfOneLog):
         self.log.publish_limit(self.publisher_limit, limit)
 
     def _apply_errors(self, now_ns: int) -> None:
-        """The ERRs whose grace passed with no SM of their receiver: that receiver rejected
-        the image, and is gone (Aeron's onError, one grace late)."""
-        grace = self._error_grace_ns
-        due = [rid for rid, (_, at) in self._pending_errors.items() if now_ns >= at + grace]
-        for receiver_id in due:
-            frame, _ = self._pending_errors.pop(receiver_id)
+        """The ERRs whose grace passed with no SM of their receiver (``refusals.take_due``):
+        those receivers rejected the image, and are gone."""
+        due = self.refusals.take_due(now_ns)
+        for frame in due:
             self.flow_control.on_error(frame, now_ns)
             self._count_receivers()
-            self._receivers.remove(receiver_id)
-            if self.durable is not None and self.durable.on_error(receiver_id):
+            self._receivers.remove(frame.receiver_id)
+            if self.durable is not None and self.durable.on_error(frame.receiver_id):
                 self._publish_durable()
         if due:
             self._update_connected(now_ns)
@@ -960,8 +818,7 @@ class NetworkPublication(OfOneLog):
 
     def _conductor_duties(self, now_ns: int) -> None:
         self.take_c_status_messages()  # the receivers' liveness first
-        if self._pending_errors:
-            self._apply_errors(now_ns)
+        self._apply_errors(now_ns)
         if self._connected and (now_ns > self._status_message_deadline_ns
                                 or not self._receivers):
             self._update_has_receivers(now_ns)
@@ -999,28 +856,25 @@ class NetworkPublication(OfOneLog):
         if self._outbox or self._python_cleaning_behind():
             return now
         deadline = self.retransmit_handler.next_resend_ns()
-        if not self.has_initial_connection or self.is_setup_elicited:
-            deadline = min(deadline, self._time_of_last_setup_ns + self._setup_interval_ns)
-        deadline = min(deadline, self.flow_control.next_deadline_ns())
-        if self._pending_errors:
-            deadline = min(deadline, min(at for _, at in self._pending_errors.values())
-                           + self._error_grace_ns)
+        if not self.has_initial_connection or self.setups.elicited:
+            deadline = min(deadline, self.setups.next_deadline_ns())
+        deadline = min(deadline, self.flow_control.next_deadline_ns(),
+                       self.refusals.next_deadline_ns())
         if self.durable is not None:
             deadline = min(deadline, self.durable.next_deadline_ns())
-        if self.rate_control is not None:
-            deadline = min(deadline, self.rate_control.next_deadline_ns(),
-                           self._announce_deadline_ns)
+        if self._rate is not None:
+            deadline = min(deadline, self._rate.next_deadline_ns())
         if c_timers or not self.c.sm_in_c:
             if self._connected:
                 deadline = min(deadline, self._status_message_deadline_ns + 1)
             if self._receivers:
                 deadline = min(deadline, 1 + network.ss_publication_receiver_deadline(
                     self.c, self._receivers.earliest_status_message_ns()))
-        if (self.state in (PublicationState.ACTIVE, PublicationState.DRAINING)
-                and self.log.producer_position() > self.sender_position):
-            # The blocked-publisher check, now that heartbeats no longer wake this half.
+        if self.state in (PublicationState.ACTIVE, PublicationState.DRAINING):
+            # The blocked check: its timeout once held, else a look each half timeout.
             deadline = min(deadline, self._time_of_last_sender_progress_ns
-                           + self.unblock_timeout_ns + 1)
+                           + self.unblock_timeout_ns + 1 if self._seen_held else
+                           self._time_of_last_blocked_check_ns + self.unblock_timeout_ns // 2)
         if self.state is PublicationState.DRAINING:
             end = self.log.producer_position()
             if ((end <= self.sender_position or not self._receivers)

@@ -29,10 +29,14 @@ import random
 import signal
 import struct
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import attrs
+
+from slipstream.client import CLOSED, BufferClaim, Client, DriverNotRunningError
+from slipstream.client.counters import SystemCounter, read_system_counters
 
 _MESSAGE = struct.Struct("<iq")  # publisher id, sequence number
 #: Per subscriber slot (int64): messages, sequence errors (duplicate, reorder or gap), sessions.
@@ -70,8 +74,6 @@ class ChaosReport:
 
 
 def _connect(directory: str, stop: Any) -> Any:
-    from slipstream.client import Client, DriverNotRunningError
-
     while not stop.value:
         try:
             return Client.connect(directory, timeout=2.0)
@@ -84,8 +86,6 @@ def _connect(directory: str, stop: Any) -> Any:
 
 def _publisher(directory: str, publisher_id: int, stream_id: int, accepted: Any,
                stop: Any) -> None:
-    from slipstream.client import CLOSED, BufferClaim, DriverNotRunningError
-
     rng = random.Random(publisher_id)
     sequence = 0
     claim = BufferClaim()
@@ -122,8 +122,6 @@ def _publisher(directory: str, publisher_id: int, stream_id: int, accepted: Any,
 
 
 def _subscriber(directory: str, stream_id: int, slot: Any, stop: Any) -> None:
-    from slipstream.client import DriverNotRunningError
-
     last: dict[tuple[int, int], int] = {}  # (session, publisher) -> last sequence
 
     def on_message(data: memoryview, header: Any) -> None:
@@ -170,9 +168,7 @@ def run_chaos(seconds: float, *, publishers: int = 3, subscribers: int = 2, stre
               kill_interval: float = 0.5, driver_kill_interval: float = 10.0, seed: int = 1,
               settings: dict[str, Any] | None = None) -> ChaosReport:
     """Run the chaos (module docstring) for ``seconds`` and report."""
-    import uuid
-
-    from slipstream.client.counters import SystemCounter, read_system_counters
+    # The children this module spawns import it too, and run no driver.
     from slipstream.daemon.driver import MediaDriver
 
     rng = random.Random(seed)

@@ -62,6 +62,19 @@ class _CommandProgram(JavaProcess):
             raise self.fail(f"{self.name}: {line!r} failed: {answer[6:]}")
         return answer
 
+    def _ready(self, ready: re.Pattern[str], timeout: float) -> re.Match[str]:
+        """The program's first line, matched by ``ready``, within ``timeout`` s; the program
+        is killed if it does not come or does not match."""
+        try:
+            self.wait_until(lambda: bool(self.lines), timeout, "ready line")
+            match = ready.match(self.lines[0])
+            if match is None:
+                raise self.fail(f"{self.name}: expected a ready line, got {self.lines[0]!r}")
+        except BaseException:
+            self.kill()
+            raise
+        return match
+
     def _expect(self, line: str, expected: str, timeout: float) -> None:
         answer = self.request(line, timeout)
         if answer != expected:
@@ -120,15 +133,7 @@ class MdsSubscriber(_CommandProgram):
             "mds.channel": channel, "mds.streamId": stream_id})
         super().__init__(f"MdsSubscriber[{channel} {stream_id}]", "MdsSubscriber", props,
                          classpath=[peer_classes("MdsSubscriber")], interactive=True)
-        try:
-            self.wait_until(lambda: bool(self.lines), start_timeout, "ready line")
-            match = _MDS_READY.match(self.lines[0])
-            if match is None:
-                raise self.fail(f"{self.name}: expected a ready line, got {self.lines[0]!r}")
-        except BaseException:
-            self.kill()
-            raise
-        self.registration_id = int(match.group(1))
+        self.registration_id = int(self._ready(_MDS_READY, start_timeout).group(1))
 
     def status(self) -> MdsStatus:
         answer = self.request("status")
@@ -160,14 +165,7 @@ class MdcPublisher(_CommandProgram):
             "mdc.offerTimeoutMs": int(offer_timeout * 1000), **(properties or {})})
         super().__init__(f"MdcPublisher[{channel} {stream_id}]", MAIN_CLASS, props,
                          classpath=[peer_classes(MAIN_CLASS)], interactive=True)
-        try:
-            self.wait_until(lambda: bool(self.lines), start_timeout, "ready line")
-            match = _READY.match(self.lines[0])
-            if match is None:
-                raise self.fail(f"{self.name}: expected a ready line, got {self.lines[0]!r}")
-        except BaseException:
-            self.kill()
-            raise
+        match = self._ready(_READY, start_timeout)
         self.session_id = int(match.group(1))
         self.registration_id = int(match.group(3))
 

@@ -18,7 +18,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Self
+from typing import IO, Self
 
 from .errors import SampleFailed
 from .install import aeron_jar, java_binary
@@ -105,7 +105,8 @@ class JavaProcess:
             _LIVE.add(self)
         self._readers = [
             threading.Thread(target=self._read_stdout, name=f"{name}-stdout", daemon=True),
-            threading.Thread(target=self._read_stderr, name=f"{name}-stderr", daemon=True)]
+            threading.Thread(target=self._read, args=(self._proc.stderr, self._stderr.extend),
+                             name=f"{name}-stderr", daemon=True)]
         for reader in self._readers:
             reader.start()
         if stdin is not None:
@@ -149,28 +150,28 @@ class JavaProcess:
         with self._cond:
             return self._stderr.decode("utf-8", "replace")
 
-    def _read_stdout(self) -> None:
-        assert self._proc.stdout is not None
-        fd = self._proc.stdout.fileno()
+    def _read(self, pipe: IO[bytes] | None, take: Callable[[bytes], object]) -> None:
+        """Read ``pipe`` to its end, handing each chunk to ``take`` under the lock and waking
+        the waiters."""
+        assert pipe is not None
+        fd = pipe.fileno()
         while chunk := os.read(fd, 65536):
             with self._cond:
-                self._stdout_tail += chunk
-                del self._stdout_tail[:-_TAIL_BYTES]
-                self._stdout += chunk
-                self._parse(eof=False)
+                take(chunk)
                 self._cond.notify_all()
+
+    def _read_stdout(self) -> None:
+        self._read(self._proc.stdout, self._take_stdout)
         with self._cond:
             self._parse(eof=True)
             self._eof = True
             self._cond.notify_all()
 
-    def _read_stderr(self) -> None:
-        assert self._proc.stderr is not None
-        fd = self._proc.stderr.fileno()
-        while chunk := os.read(fd, 65536):
-            with self._cond:
-                self._stderr += chunk
-                self._cond.notify_all()
+    def _take_stdout(self, chunk: bytes) -> None:
+        self._stdout_tail += chunk
+        del self._stdout_tail[:-_TAIL_BYTES]
+        self._stdout += chunk
+        self._parse(eof=False)
 
     def _main_died(self) -> bool:
         """The sample's main thread threw: its other (non-daemon) threads may keep it alive."""
