@@ -32,9 +32,9 @@ import sys
 import time
 
 import pytest
-from helpers import NETWORK_SETTINGS, Collector, counters_of, message, wait_for
+from helpers import NETWORK_SETTINGS, Collector, counters_labelled, counters_of, message, wait_for
 
-from slipstream.client import NOT_CONNECTED, Client
+from slipstream.client import NOT_CONNECTED, Client, control
 from slipstream.client.frames import ErrorFrame, RateSignal, StatusMessage
 from slipstream.daemon.reports.error_log import read_error_log
 
@@ -92,12 +92,16 @@ else:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     def send(payload):
         s.sendto(payload, target)
-track = args.get("track")  # NAKs just behind where the stream is now (it moves steadily)
-freeze = args.get("freeze")  # SMs of a new receiver at where the stream was at the start
+track = args.get("track")  # NAKs just behind where the sender is now (its snd-pos)
+freeze = args.get("freeze")  # SMs of a new receiver at where the sender was at the start
 if track:
+    from slipstream.client.counters import CountersFile
     from slipstream.client.frames import Nak, StatusMessage
+    sent = CountersFile(track["counters"], writable=False)
+    def sender_position():
+        return sent.get(track["counter_id"])
     if freeze:
-        now = track["position"] + int((time.monotonic() - track["at"]) * track["bytes_per_s"])
+        now = sender_position()
         now -= now % track["term"] % 1056
         frames = [StatusMessage(track["session"], track["stream"],
                                 track["term_id"] + now // track["term"], now % track["term"],
@@ -106,8 +110,7 @@ if track:
 start = time.monotonic()
 for i in range(count):
     if track:
-        now = track["position"] + int((time.monotonic() - track["at"]) * track["bytes_per_s"])
-        back = now - (1 + i % 32) * 8 * 1056
+        back = sender_position() - (1 + i % 32) * 8 * 1056
         offset = back % track["term"] // 1056 * 1056
         send(Nak(track["session"], track["stream"], track["term_id"] + back // track["term"],
                  offset, 8 * 1056).encode())
@@ -117,6 +120,14 @@ for i in range(count):
     if delay > 0:
         time.sleep(delay)
 """
+
+
+def sender_position_counter(driver, stream_id: int) -> dict[str, object]:
+    """Where an attacker process reads the snd-pos of ``driver``'s one publication of
+    ``stream_id``: its counters file and the counter's id."""
+    [info] = [info for info in counters_labelled(driver, "snd-pos")
+              if info.stream_id == stream_id]
+    return {"counters": str(driver.view / control.COUNTERS_FILE), "counter_id": info.counter_id}
 
 
 class Stream:
@@ -235,9 +246,10 @@ def test_forged_control_from_the_segment_changes_nothing(needs_hosts) -> None:
 
             # 4. 16,000 NAKs for the last quarter term, spoofed as the receiver, and 16,000
             # from the attacker's own address.
-            # CLOCK_MONOTONIC is the machine's: the attacker's clock is this one.
-            track = {"position": publication.position, "at": time.monotonic(),
-                     "bytes_per_s": RATE * FRAME,
+            # Behind the sender's own position (its counter, in /dev/shm, which every host
+            # shares), however a loaded machine paces the stream: NAKs ahead of it would ask
+            # for nothing and cost no budget.
+            track = {**sender_position_counter(publisher_driver, 7),
                      "term": TERM, "term_id": term_id0, "session": session, "stream": 7}
             before_flood = counters_of(publisher_driver)
             spoofed = attack(hosts[3], [], target, count=16_000, rate=8000, spoof=receiver,
@@ -328,9 +340,8 @@ def test_forged_control_from_the_attackers_own_address_on_multicast(needs_hosts)
             figures: dict[str, object] = {"rate without attacks (msg/s)": round(
                 stream.run(PHASE_S))}
 
-            track = {"position": publication.position, "at": time.monotonic(),
-                     "bytes_per_s": RATE * FRAME, "term": TERM, "term_id": term_id0,
-                     "session": session, "stream": 8}
+            track = {**sender_position_counter(publisher_driver, 8), "term": TERM,
+                     "term_id": term_id0, "session": session, "stream": 8}
             naks = attack(hosts[3], [], control, count=16_000, rate=8000, track=track)
             signal = RateSignal(session, 8, 1000, 100, 1024).encode()
             err = ErrorFrame(session, 8, receiver_id, 1, "go away").encode()
@@ -341,7 +352,6 @@ def test_forged_control_from_the_attackers_own_address_on_multicast(needs_hosts)
                 stream.run(PHASE_S, naks))
             others.wait(timeout=10)
             # A newcomer at the front when it starts (as Aeron would take it), then frozen.
-            track = {**track, "position": publication.position, "at": time.monotonic()}
             newcomer = attack(hosts[3], [], control, count=400, rate=200, track=track,
                               freeze={"receiver_id": 0xBAD, "window": 128 * 1024})
             figures["rate under a frozen newcomer"] = round(stream.run(PHASE_S, newcomer))
