@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import attrs
 
@@ -97,20 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              f"address (10.0.0.1:{MDC_CONTROL_PORT}); or mds: two paths to each subscriber, "
              f"a multi-destination subscription on ports {MDS_PORTS[0]} and {MDS_PORTS[1]} "
              f"that host 1 sends to (default: multicast)")
-    add("--loss", type=_probability, metavar="P",
-        help="random loss: probability that a datagram is dropped, 0..1 (default: 0)")
-    add("--burst-loss", type=_burst, metavar="P,R",
-        help="bursty loss (Gilbert-Elliott): P = P(good→bad), R = P(bad→good) per datagram; "
-             "all datagrams are dropped in the bad state (default: off)")
-    add("--delay", type=non_negative_number, metavar="MS",
-        help=f"one-way delay of every link, milliseconds (default: {DEFAULTS['delay']:g})")
-    add("--jitter", type=non_negative_number, metavar="MS",
-        help="delay jitter, uniform ±MS milliseconds per datagram (default: 0)")
-    add("--reorder", type=_probability, metavar="P",
-        help="probability that a datagram is held back up to 5 ms extra, so later ones "
-             "overtake it (default: 0)")
-    add("--duplicate", type=_probability, metavar="P",
-        help="probability that a datagram is delivered twice (default: 0)")
+    _add_link_faults(add, delay_default=DEFAULTS["delay"], unset=True)
     add("--rate", type=non_negative_number, metavar="MBIT",
         help="bandwidth of every link, Mbit/s, with a 1 MiB tail-drop queue "
              "(default: 0 = unlimited)")
@@ -159,18 +147,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="the interface for multicast (default: the kernel's choice)")
     relay.add_argument("--directions", choices=("both", "data", "control"), default="both",
                        help="which directions get the faults (default: %(default)s)")
-    relay.add_argument("--loss", type=_probability, default=0.0, metavar="P",
-                       help="random loss per datagram (default: 0)")
-    relay.add_argument("--burst-loss", type=_burst, metavar="P,R",
-                       help="Gilbert-Elliott bursty loss, as for the simulator (default: off)")
-    relay.add_argument("--delay", type=non_negative_number, default=0.0, metavar="MS",
-                       help="one-way delay, milliseconds (default: 0)")
-    relay.add_argument("--jitter", type=non_negative_number, default=0.0, metavar="MS",
-                       help="delay jitter, uniform ±MS (default: 0)")
-    relay.add_argument("--reorder", type=_probability, default=0.0, metavar="P",
-                       help="probability a datagram is held back up to 5 ms (default: 0)")
-    relay.add_argument("--duplicate", type=_probability, default=0.0, metavar="P",
-                       help="probability a datagram is sent twice (default: 0)")
+    _add_link_faults(relay.add_argument, delay_default=0.0, unset=False)
     relay.add_argument("--seed", type=int, default=1, metavar="S",
                        help="seed of the random choices (default: %(default)s)")
     hosts = tools.add_parser(
@@ -181,6 +158,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     hosts.add_argument("--count", type=int_at_least(1), default=2, metavar="N",
                        help="hosts (default: %(default)s)")
     hosts.add_argument("--no-drivers", action="store_true", help="hosts only, no drivers")
+
+
+#: The link-fault options the simulator and the relay share (argparse dest), each with the
+#: :class:`LinkFaults` field it sets; the simulator's ``--rate`` is its own.
+LINK_FAULT_OPTIONS: dict[str, str] = {
+    "loss": "loss", "burst_loss": "burst", "delay": "delay_ms", "jitter": "jitter_ms",
+    "reorder": "reorder", "duplicate": "duplicate"}
+
+
+def _add_link_faults(add: Callable[..., object], *, delay_default: float, unset: bool) -> None:
+    """Add the options of :data:`LINK_FAULT_OPTIONS` with ``add`` (a parser's
+    ``add_argument``).  ``unset``: their values are None when not given (a scenario file's
+    then stand, and ``delay_default`` is the delay without either), else 0 (no fault) and
+    ``delay_default``."""
+    def default(value: float) -> dict[str, float]:
+        return {} if unset else {"default": value}
+
+    add("--loss", type=_probability, metavar="P", **default(0.0),
+        help="random loss: probability that a datagram is dropped, 0..1 (default: 0)")
+    add("--burst-loss", type=_burst, metavar="P,R",
+        help="bursty loss (Gilbert-Elliott): P = P(good→bad), R = P(bad→good) per datagram; "
+             "all datagrams are dropped in the bad state (default: off)")
+    add("--delay", type=non_negative_number, metavar="MS", **default(delay_default),
+        help=f"one-way delay, milliseconds (default: {delay_default:g})")
+    add("--jitter", type=non_negative_number, metavar="MS", **default(0.0),
+        help="delay jitter, uniform ±MS milliseconds per datagram (default: 0)")
+    add("--reorder", type=_probability, metavar="P", **default(0.0),
+        help="probability that a datagram is held back up to 5 ms extra, so later ones "
+             "overtake it (default: 0)")
+    add("--duplicate", type=_probability, metavar="P", **default(0.0),
+        help="probability that a datagram is delivered twice (default: 0)")
 
 
 def _address(text: str) -> tuple[str, int]:
@@ -214,9 +222,7 @@ def build_scenario(args: argparse.Namespace) -> Scenario:
             changes[name] = value
     if args.channel is not None:
         changes["channel_params"] = merge_channel_params(base.channel_params, args.channel)
-    fault_options = {"loss": "loss", "burst_loss": "burst", "delay": "delay_ms",
-                     "jitter": "jitter_ms", "reorder": "reorder", "duplicate": "duplicate",
-                     "rate": "rate_mbit"}
+    fault_options = {**LINK_FAULT_OPTIONS, "rate": "rate_mbit"}
     faults = {field: getattr(args, option) for option, field in fault_options.items()
               if getattr(args, option) is not None}
     if faults:
@@ -250,8 +256,8 @@ def run_relay(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, interrupt)
     from slipstream.sim.real.relay import Relay
 
-    faults = LinkFaults(loss=args.loss, burst=args.burst_loss, delay_ms=args.delay,
-                        jitter_ms=args.jitter, reorder=args.reorder, duplicate=args.duplicate)
+    faults = LinkFaults(**{field: getattr(args, option)
+                           for option, field in LINK_FAULT_OPTIONS.items()})
     try:
         relay = Relay(args.listen, args.forward, faults, directions=args.directions,
                       interface=args.interface, seed=args.seed)
