@@ -151,15 +151,28 @@ def test_an_idle_drivers_duty_cycles_read_only_the_sockets_with_input(driver_dir
         f"{cycles} cycles: too few to tell reading each socket a cycle from this")
 
 
+def _socket_fds(pid: int) -> set[int]:
+    """The descriptors of process ``pid`` that are sockets."""
+    found = set()
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(FileNotFoundError):
+            if os.readlink(f"/proc/{pid}/fd/{name}").startswith("socket:"):
+                found.add(int(name))
+    return found
+
+
 def test_endpoints_that_come_and_go_keep_their_sockets_polled(driver_dir: Path) -> None:
     """Above SS_POLL_ENDPOINTS_MIN endpoints a duty cycle reads only the sockets epoll says
     are readable, so each endpoint's socket must be registered as it comes and unregistered
-    as it goes (its number may come back as another endpoint's socket): with half the
-    streams closed and as many new ones added, every stream open carries its message."""
+    as it goes, and a number that comes back as another endpoint's socket must be polled as
+    that one: with half the streams closed, their endpoints gone (their sockets closed) and
+    as many new ones added (which the kernel gives those numbers again), every stream open
+    carries its message."""
     from slipstream.daemon._network import lib as network
 
     pairs = 2 * network.SS_POLL_ENDPOINTS_MIN
-    with MediaDriver.launch(directory=driver_dir), Client.connect(driver_dir) as client:
+    with MediaDriver.launch(directory=driver_dir) as driver, \
+            Client.connect(driver_dir) as client:
         def add(i: int) -> tuple:
             uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
             return client.add_subscription(uri, 100 + i), client.add_publication(uri, 100 + i)
@@ -167,12 +180,19 @@ def test_endpoints_that_come_and_go_keep_their_sockets_polled(driver_dir: Path) 
         streams = [add(i) for i in range(pairs)]
         wait_for(lambda: all(p.is_connected and s.images for s, p in streams), timeout=30,
                  what="every stream connected")
+        before = _socket_fds(driver.pid)
         for subscription, publication in streams[::2]:
             publication.close()
             subscription.close()
+        # Each closed pair had a send and a receive endpoint, a socket each.
+        wait_for(lambda: len(before - _socket_fds(driver.pid)) >= pairs, timeout=60,
+                 what="the closed streams' endpoints gone")
+        closed = before - _socket_fds(driver.pid)
         streams = streams[1::2] + [add(pairs + i) for i in range(pairs // 2)]
         wait_for(lambda: all(p.is_connected and s.images for s, p in streams), timeout=30,
                  what="every stream open connected")
+        reused = closed & _socket_fds(driver.pid)
+        assert reused, f"no closed endpoint's descriptor came back ({sorted(closed)})"
         unread = list(streams)
         for _, publication in streams:
             wait_for(lambda p=publication: p.offer(b"m") >= 0, timeout=10, what="an offer")
