@@ -8,7 +8,8 @@ Host 4's link to the publisher loses 5 % both ways (``iptables -m statistic``) a
 application pauses for 2 s.  Under each flow-control answer every receiver gets every message
 from its join once, in order (host 4 included: its repairs go to every destination); the
 answers are multicast's (docs/FLOW.md): ``max`` and ``rc=nak-strength`` never stall the others,
-and leave host 3 behind and tell it what it lost; ``min`` holds everyone until it reads again.
+and leave host 3 behind (and any other host that falls as far behind) and tell it what it lost;
+``min`` holds everyone until it reads again.
 A receiver whose driver dies is dropped from the publisher's destinations after the timeout
 (5 s) and costs the others nothing.
 
@@ -71,13 +72,14 @@ def assert_exactly_once_from_each_join(report: Report) -> None:
     """Every receiver got its messages once, in order, intact, from its join: what it misses
     is what its driver told it it lost, left behind, and what the sender sent while it
     rejoined (its new image starts a little past the range's end, docs/FLOW.md: 4 to 25
-    messages on a quiet machine, 65 seen under load; up to 0.1 s of the stream here)."""
+    messages on a quiet machine, 65 seen under load, 501 once beside stress-ng --cpu 2; up
+    to 0.25 s of the stream here)."""
     text = report.format_text()
     assert not any(report.duplicates) and not any(report.out_of_order), text
     assert not any(report.corrupt) and not any(report.joined_late), text
     for missing, lost in zip(report.missing, report.lost_ranges, strict=True):
         told = sum(end - start for start, end in lost) // FRAME
-        assert told <= missing <= told + PUBLISH_RATE // 10 * len(lost), (missing, lost, text)
+        assert told <= missing <= told + PUBLISH_RATE // 4 * len(lost), (missing, lost, text)
 
 
 @pytest.mark.parametrize("channel", ["", "fc=min", "rc=nak-strength"],
@@ -92,7 +94,17 @@ def test_a_lossy_link_and_a_paused_receiver_under_each_answer(needs_hosts, chann
     naks = [counters(report, host).get("NAK_MESSAGES_SENT", 0) for host in (2, 3, 4, 5)]
     assert at(naks, LOSSY) > 10 and max(others(naks, LOSSY)) < at(naks, LOSSY) / 10, naks
     assert counters(report, 1)["RETRANSMITS_SENT"] > 10
-    assert others(report.missing, PAUSED) == [0, 0, 0], text
+    if channel == "fc=min":
+        assert others(report.missing, PAUSED) == [0, 0, 0], text
+    else:
+        # The others keep up and get everything.  On a loaded machine one may fall half a
+        # term behind too (its subscriber descheduled: 0.42 s beside stress-ng): it is then
+        # left behind as host 3 is, and told, never silently (each host's loss is what it
+        # was told, above).
+        for host in (2, LOSSY, 5):
+            if at(report.missing, host):
+                assert at(report.lost_ranges, host), text
+                assert counters(report, host)["IMAGES_LEFT_BEHIND"] >= 1, text
     # Every receiver stayed a destination throughout: the paused one's driver, and the
     # lossy one's surviving status messages, kept them in the table.
     assert report.destinations and {n for _, n in report.destinations} == {4}
