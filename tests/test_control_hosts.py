@@ -320,7 +320,7 @@ def test_forged_control_from_the_attackers_own_address_on_multicast(needs_hosts)
     with namespace_hosts(3) as hosts:
         publisher_driver = hosts.start_driver(1, **SETTINGS)
         subscriber_driver = hosts.start_driver(2, **SETTINGS)
-        group, control = "224.0.9.1", ("224.0.9.2", PORT)
+        group, control_group = "224.0.9.1", ("224.0.9.2", PORT)
         uri = f"aeron:udp?endpoint={group}:{PORT}|term-length=1m"
         with Client.connect(publisher_driver.directory) as a, \
                 Client.connect(subscriber_driver.directory) as b:
@@ -342,17 +342,17 @@ def test_forged_control_from_the_attackers_own_address_on_multicast(needs_hosts)
 
             track = {**sender_position_counter(publisher_driver, 8), "term": TERM,
                      "term_id": term_id0, "session": session, "stream": 8}
-            naks = attack(hosts[3], [], control, count=16_000, rate=8000, track=track)
+            naks = attack(hosts[3], [], control_group, count=16_000, rate=8000, track=track)
             signal = RateSignal(session, 8, 1000, 100, 1024).encode()
             err = ErrorFrame(session, 8, receiver_id, 1, "go away").encode()
             position = (term_id0 + (1 << 16) // TERM, (1 << 16) % TERM)
             named = StatusMessage(session, 8, *position, 0, receiver_id, 0).encode()
-            others = attack(hosts[3], [signal, err, named], control, count=600, rate=300)
+            others = attack(hosts[3], [signal, err, named], control_group, count=600, rate=300)
             figures["rate under forged NAKs, signals, ERRs, SMs"] = round(
                 stream.run(PHASE_S, naks))
             others.wait(timeout=10)
             # A newcomer at the front when it starts (as Aeron would take it), then frozen.
-            newcomer = attack(hosts[3], [], control, count=400, rate=200, track=track,
+            newcomer = attack(hosts[3], [], control_group, count=400, rate=200, track=track,
                               freeze={"receiver_id": 0xBAD, "window": 128 * 1024})
             figures["rate under a frozen newcomer"] = round(stream.run(PHASE_S, newcomer))
             after = counters_of(publisher_driver)

@@ -151,13 +151,15 @@ def test_an_idle_drivers_duty_cycles_read_only_the_sockets_with_input(driver_dir
         f"{cycles} cycles: too few to tell reading each socket a cycle from this")
 
 
-def _socket_fds(pid: int) -> set[int]:
-    """The descriptors of process ``pid`` that are sockets."""
-    found = set()
+def _sockets(pid: int) -> dict[int, str]:
+    """The descriptors of process ``pid`` that are sockets, each with its socket's inode
+    (``socket:[N]``): a number that comes back holds another inode."""
+    found = {}
     for name in os.listdir(f"/proc/{pid}/fd"):
         with contextlib.suppress(FileNotFoundError):
-            if os.readlink(f"/proc/{pid}/fd/{name}").startswith("socket:"):
-                found.add(int(name))
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+            if target.startswith("socket:"):
+                found[int(name)] = target
     return found
 
 
@@ -180,18 +182,25 @@ def test_endpoints_that_come_and_go_keep_their_sockets_polled(driver_dir: Path) 
         streams = [add(i) for i in range(pairs)]
         wait_for(lambda: all(p.is_connected and s.images for s, p in streams), timeout=30,
                  what="every stream connected")
-        before = _socket_fds(driver.pid)
+        before = _sockets(driver.pid)
+
+        def gone() -> dict[int, str]:
+            """The sockets of ``before`` the driver has closed (by inode)."""
+            now = set(_sockets(driver.pid).values())
+            return {fd: inode for fd, inode in before.items() if inode not in now}
+
         for subscription, publication in streams[::2]:
             publication.close()
             subscription.close()
         # Each closed pair had a send and a receive endpoint, a socket each.
-        wait_for(lambda: len(before - _socket_fds(driver.pid)) >= pairs, timeout=60,
+        wait_for(lambda: len(gone()) >= pairs, timeout=60,
                  what="the closed streams' endpoints gone")
-        closed = before - _socket_fds(driver.pid)
+        closed = gone()
         streams = streams[1::2] + [add(pairs + i) for i in range(pairs // 2)]
         wait_for(lambda: all(p.is_connected and s.images for s, p in streams), timeout=30,
                  what="every stream open connected")
-        reused = closed & _socket_fds(driver.pid)
+        now = _sockets(driver.pid)
+        reused = [fd for fd, inode in closed.items() if fd in now and now[fd] != inode]
         assert reused, f"no closed endpoint's descriptor came back ({sorted(closed)})"
         unread = list(streams)
         for _, publication in streams:

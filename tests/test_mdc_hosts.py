@@ -8,7 +8,8 @@ Host 4's link to the publisher loses 5 % both ways (``iptables -m statistic``) a
 application pauses for 2 s.  Under each flow-control answer every receiver gets every message
 from its join once, in order (host 4 included: its repairs go to every destination); the
 answers are multicast's (docs/FLOW.md): ``max`` and ``rc=nak-strength`` never stall the others,
-and leave host 3 behind (and any other host that falls as far behind) and tell it what it lost;
+and leave host 3 behind (and another clean host that falls as far behind) and tell it what it
+lost;
 ``min`` holds everyone until it reads again.
 A receiver whose driver dies is dropped from the publisher's destinations after the timeout
 (5 s) and costs the others nothing.
@@ -31,8 +32,9 @@ MS = 1_000_000
 S = 1_000_000_000
 PUBLISH_RATE = 5000  # 1 KiB messages per second
 #: A receiver half a term (2 MiB, 0.4 s of the stream) behind is left behind under max and
-#: nak-strength: the paused one is; the others, which lag only when the machine is busy
-#: (a 1 MiB term's 0.1 s left the lossy host behind once, at a load of 12 on 2 cores), not.
+#: nak-strength: the paused one is; the others lag only when the machine is busy (a 1 MiB
+#: term's 0.1 s left the lossy host behind once, at a load of 12 on 2 cores; beside
+#: stress-ng --cpu 2 a subscriber descheduled for 0.42 s was left behind at 4 MiB).
 TERM = "term-length=4m"
 FRAME = 1056  # a 1 KiB message and its header
 PAUSED = 3
@@ -97,14 +99,16 @@ def test_a_lossy_link_and_a_paused_receiver_under_each_answer(needs_hosts, chann
     if channel == "fc=min":
         assert others(report.missing, PAUSED) == [0, 0, 0], text
     else:
-        # The others keep up and get everything.  On a loaded machine one may fall half a
-        # term behind too (its subscriber descheduled: 0.42 s beside stress-ng): it is then
-        # left behind as host 3 is, and told, never silently (each host's loss is what it
-        # was told, above).
-        for host in (2, LOSSY, 5):
+        # The others keep up and get everything (the lossy one did, above).  On a loaded
+        # machine host 2 or 5 may fall half a term behind too (its subscriber descheduled:
+        # 0.42 s beside stress-ng): it is then left behind as host 3 is, and told, never
+        # silently (each host's loss is what it was told, above); the other gets everything.
+        clean = (2, 5)
+        for host in clean:
             if at(report.missing, host):
                 assert at(report.lost_ranges, host), text
                 assert counters(report, host)["IMAGES_LEFT_BEHIND"] >= 1, text
+        assert min(at(report.missing, host) for host in clean) == 0, text
     # Every receiver stayed a destination throughout: the paused one's driver, and the
     # lossy one's surviving status messages, kept them in the table.
     assert report.destinations and {n for _, n in report.destinations} == {4}
