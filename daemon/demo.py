@@ -62,7 +62,8 @@ DEMO_LOSS = 10_000
 #: The shortest message, bytes: each carries its 8-byte sequence number.
 MIN_MESSAGE_SIZE = 8
 #: How long the report waits, s, for the driver to end once a child did: a driver stopping
-#: tells its clients first, so their ends come before its own.
+#: tells its clients first, so their ends come before its own (and before its drain, when
+#: the children ended as its clients: that is waited for too).
 _DRIVER_END_GRACE_S = 2.0
 #: How long the demo waits for every stream to carry its first message, seconds: its
 #: processes each import the client and connect, which takes seconds on a loaded host.
@@ -295,12 +296,18 @@ def _check_alive(driver: MediaDriver, children: dict[Any, str]) -> None:
     """Raise when the demo cannot go on: :class:`DriverError` when its driver ended,
     :class:`SlipstreamError` naming a publisher or subscriber process (multiprocessing
     ``Process``, by what it does) that ended.  A stopping driver tells its clients first, so a
-    child's end is put down to the driver when the driver ends soon after."""
+    child's end is put down to the driver when the driver ends soon after: within 2 s, or
+    within its drain timeout and 2 s when every child that ended returned (status 0), as
+    they do when their driver closes them."""
     ended = [(what, process) for process, what in children.items()
              if process.exitcode is not None]
     if ended:
+        # A child returns (status 0) only when its driver closed it: the driver is stopping,
+        # and its drain may take up to its drain timeout before it ends.
+        stopping = all(process.exitcode == 0 for _, process in ended)
+        grace = _DRIVER_END_GRACE_S + (driver.drain_timeout_s if stopping else 0.0)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            driver.process.wait(_DRIVER_END_GRACE_S)
+            driver.process.wait(grace)
     status = driver.process.poll()
     if status is not None:
         how = f"signal {-status}" if status < 0 else f"status {status}"
@@ -326,7 +333,7 @@ def _report(driver: MediaDriver, duration: float, size: int, started: float,
     start, last_time = started, time.monotonic()
     streaming_since: float | None = None  # when every stream had carried a message
     kinds = ("ipc", "udp", "slow") if slow else ("ipc", "udp")
-    last: dict[str, float] = {}
+    last: dict[tuple[int, int], tuple[str, float]] = {}  # the last sample's positions
     try:
         while (not duration or streaming_since is None
                or time.monotonic() - streaming_since < duration):
@@ -336,6 +343,10 @@ def _report(driver: MediaDriver, duration: float, size: int, started: float,
             now = time.monotonic()
             # The subscribers' positions are exact, so the rates shown are what arrived.
             received = {"ipc": 0.0, "udp": 0.0, "slow": 0.0}
+            # Each subscriber's messages, by its counter (id and registration: a freed id may
+            # come back as another's): a rate counts those read in both samples (a stopping
+            # driver frees a subscriber's counter between them).
+            positions: dict[tuple[int, int], tuple[str, float]] = {}
             send_position = send_limit = 0
             pressure: dict[str, int] = {}
             for info in counters:
@@ -346,6 +357,8 @@ def _report(driver: MediaDriver, duration: float, size: int, started: float,
                         pressure[_PRESSURE_KINDS[info.type_id]] = info.value
                 if info.type_id == CounterType.SUBSCRIBER_POSITION:
                     received[kind] += info.value / frame
+                    positions[info.counter_id, info.registration_id] = (kind,
+                                                                        info.value / frame)
                 elif info.type_id == CounterType.SENDER_POSITION:
                     send_position = info.value
                 elif info.type_id == CounterType.SENDER_LIMIT:
@@ -360,11 +373,14 @@ def _report(driver: MediaDriver, duration: float, size: int, started: float,
                             f"message): is the host overloaded?")
                     print(f"[{now - start:6.1f} s] starting: {moving} of {len(kinds)} streams "
                           f"carry messages (its processes are connecting)", flush=True)
-                    last, last_time = received, now
+                    last, last_time = positions, now
                     continue
                 streaming_since = now
             elapsed = now - last_time
-            rates = {k: (v - last[k]) / elapsed if k in last else 0.0 for k, v in received.items()}
+            rates = {"ipc": 0.0, "udp": 0.0, "slow": 0.0}
+            for key, (kind, value) in positions.items():
+                if key in last:
+                    rates[kind] += (value - last[key][1]) / elapsed
             print(f"[{now - start:6.1f} s] ipc {received['ipc']:>12,.0f} msgs "
                   f"({rates['ipc']:>9,.0f}/s)   udp {received['udp']:>12,.0f} msgs "
                   f"({rates['udp']:>9,.0f}/s)"
@@ -382,6 +398,6 @@ def _report(driver: MediaDriver, duration: float, size: int, started: float,
                       f"  depth {pressure.get('bp-depth', 0):,} B"
                       f"  peak {pressure.get('bp-peak', 0):,} B"
                       f"  dropped {pressure.get('pub-drops', 0):,}", flush=True)
-            last, last_time = received, now
+            last, last_time = positions, now
     finally:
         counters.close()

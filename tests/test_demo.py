@@ -121,3 +121,29 @@ def test_the_demo_ends_with_an_error_when_one_of_its_processes_dies(driver_dir: 
     assert status == 2, (status, out, err)
     assert f"(pid {workers[0]}) ended with status -9, so the demo stopped" in err, err
     assert not driver_dir.exists()  # its driver was stopped all the same
+
+
+def test_children_that_returned_are_put_down_to_their_driver_still_draining(
+        tmp_path: Path) -> None:
+    """A stopping driver closes its clients first, and the demo's processes then return
+    (status 0); its drain may go on for seconds on a loaded host (the demo named its
+    publisher, ended with status 0, as the cause).  The demo waits for the driver's end up
+    to its drain timeout and names the driver."""
+    import multiprocessing
+
+    from slipstream.client.errors import DriverError
+    from slipstream.daemon.demo import _check_alive
+    from slipstream.daemon.driver import MediaDriver
+
+    child = multiprocessing.get_context("fork").Process(target=int)  # returns: status 0
+    child.start()
+    child.join()
+    # The driver's end comes 3 s later, past the 2 s a child killed otherwise is given.
+    draining = subprocess.Popen(["sleep", "3"])
+    driver = MediaDriver(tmp_path, draining, drain_timeout_s=10.0)
+    try:
+        with pytest.raises(DriverError, match=rf"the demo's driver \(pid {draining.pid}\)"):
+            _check_alive(driver, {child: "ipc publisher"})
+    finally:
+        draining.kill()
+        draining.wait()
