@@ -87,12 +87,12 @@ from slipstream.daemon.media.events import (
     ImageUnavailable,
     ReceiverEvent,
 )
+from slipstream.daemon.media.slot_table import SlotTable
 from slipstream.daemon.protocol.params import SubscriptionParams
 from slipstream.daemon.protocol.types import (
     Address,
     Datagram,
     ProtocolCounters,
-    hash_table_slots,
     sockaddr,
 )
 from slipstream.daemon.reports.loss_report import LossEntry
@@ -210,9 +210,10 @@ class ReceiveChannel:
         # The C side: the image table and the counters it counts into.  Receive buffers are
         # the transport's (a socket needs them, the simulator does not).
         self.c = c = network_ffi.new("ss_receiver_t *")
-        self._slots = network_ffi.new("ss_image_t *[]", 16)
-        c.slots = self._slots
-        c.slot_mask = 15
+        c.slot_mask = -1  # no slots until the first load
+        self._image_table = SlotTable("ss_image_t", "slots", "slot_mask",
+                                      network.ss_receiver_set_images)
+        self._image_table.load(c, [])
         self._streams = network_ffi.new("int32_t[]", 16)
         c.streams = self._streams
         c.stream_capacity = 16
@@ -460,15 +461,7 @@ class ReceiveChannel:
         return cool_down
 
     def _sync_images(self) -> None:
-        images = list(self.images.values())
-        slots = hash_table_slots(len(images))
-        if slots != self.c.slot_mask + 1:
-            self._slots = network_ffi.new("ss_image_t *[]", slots)
-            self.c.slots = self._slots
-            self.c.slot_mask = slots - 1
-        table = network_ffi.new("ss_image_t *[]", [image.c for image in images] or 1)
-        if network.ss_receiver_set_images(self.c, table, len(images)) != 0:
-            raise AssertionError("two images of one (session, stream)")
+        self._image_table.load(self.c, [image.c for image in self.images.values()])
         self._share_tables()
 
     # -- input ----------------------------------------------------------------------------

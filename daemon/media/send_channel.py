@@ -32,11 +32,11 @@ from slipstream.client.layout import NO_DEADLINE, RTTM_REPLY_FLAG
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.media.destinations import ControlMode, DestinationTable, Heard
+from slipstream.daemon.media.slot_table import SlotTable
 from slipstream.daemon.protocol.types import (
     Address,
     Datagram,
     ProtocolCounters,
-    hash_table_slots,
     sockaddr,
 )
 from slipstream.daemon.streams.publication import NetworkPublication
@@ -105,7 +105,10 @@ class SendChannel:
         #: A datagram went to Python (on_control) since the sender's last Python pass: the
         #: simulator's agent then runs that pass.
         self.has_python_work = False
-        self._publication_slots = network_ffi.NULL
+        c.publication_mask = -1  # no slots until the first load
+        self._publication_table = SlotTable("ss_send_publication_t", "publications",
+                                            "publication_mask",
+                                            network.ss_receiver_set_publications)
         self._sync_publications()
 
     def add_publication(self, publication: NetworkPublication) -> None:
@@ -135,16 +138,7 @@ class SendChannel:
             publication.c.destinations = network_ffi.NULL  # the table goes with it
 
     def _sync_publications(self) -> None:
-        publications = list(self.publications.values())
-        slots = hash_table_slots(len(publications))
-        if slots != self.c.publication_mask + 1:
-            self._publication_slots = network_ffi.new("ss_send_publication_t *[]", slots)
-            self.c.publications = self._publication_slots
-            self.c.publication_mask = slots - 1
-        table = network_ffi.new("ss_send_publication_t *[]",
-                                [p.c for p in publications] or 1)
-        if network.ss_receiver_set_publications(self.c, table, len(publications)) != 0:
-            raise AssertionError("two publications of one (session, stream)")
+        self._publication_table.load(self.c, [p.c for p in self.publications.values()])
 
     def on_datagram(self, data: bytes | bytearray | memoryview, source: Address,
                     now_ns: int) -> None:
