@@ -157,18 +157,24 @@ class Collector:
 def stream(publication: Any, collectors: list[Collector], count: int,
            size: Callable[[int], int], timeout: float = 30.0, first: int = 0) -> None:
     """Offer messages ``first .. first + count - 1`` as fast as the publication takes them
-    while polling, until every collector has ``count`` more messages than it had."""
+    while polling, until every collector has ``count`` more messages than it had.  Fails when
+    ``timeout`` seconds pass with no message offered or received: a stream that moves slowly
+    (a loaded machine) is waited for, one that stopped is not."""
     sent = first
     deadline = time.monotonic() + timeout
     targets = [len(c.seen) + count for c in collectors]
     while any(len(c.seen) < target for c, target in zip(collectors, targets, strict=True)):
         assert time.monotonic() < deadline, (
-            f"sent {sent - first}, received {[len(c.seen) for c in collectors]} of {targets}")
+            f"nothing moved for {timeout} s: sent {sent - first}, "
+            f"received {[len(c.seen) for c in collectors]} of {targets}")
+        offered = sent
         while sent < first + count:
             if publication.offer(message(sent, size(sent))) < 0:
                 break
             sent += 1
-        if not sum(c.poll() for c in collectors):
+        if sum(c.poll() for c in collectors) or sent > offered:
+            deadline = time.monotonic() + timeout
+        else:
             time.sleep(0)
 
 
