@@ -66,6 +66,11 @@ class Report:
     #: and the stream ranges its images lost because they were left behind.
     joined_late: list[int] = attrs.field(factory=list)
     lost_ranges: list[list[tuple[int, int]]] = attrs.field(factory=list)
+    #: Per subscriber, per entry of ``lost_ranges`` (runs on namespace hosts): the join
+    #: position of the image its driver made next and the seconds until it came, or None.
+    #: What the sender sent from the range's end to that join is missed and not told as lost
+    #: (docs/FLOW.md).
+    rejoins: list[list[tuple[int, float] | None]] = attrs.field(factory=list)
     #: Whose seconds the times are: the simulator's ``"virtual"`` ones, or ``"real"`` ones
     #: from a run on namespace hosts (:mod:`slipstream.sim.real.on_hosts`).
     clock: str = "virtual"

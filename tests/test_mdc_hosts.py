@@ -5,12 +5,13 @@ status messages, real drivers, the kernel's links, real time (``transport = "mdc
 version, tests/test_flow_hosts.py the multicast one).
 
 Host 4's link to the publisher loses 5 % both ways (``iptables -m statistic``) and host 3's
-application pauses for 2 s.  Under each flow-control answer every receiver gets every message
-from its join once, in order (host 4 included: its repairs go to every destination); the
-answers are multicast's (docs/FLOW.md): ``max`` and ``rc=nak-strength`` never stall the others,
-and leave host 3 behind (and another clean host that falls as far behind) and tell it what it
-lost;
-``min`` holds everyone until it reads again.
+application pauses for 2 s (under ``max`` and ``rc=nak-strength`` until its driver has left it
+behind, if that is later: a busy machine's publisher may go at a quarter of its pace). Under
+each flow-control answer every receiver gets every message from its join once, in order (host 4
+included: its repairs go to every destination); the answers are multicast's (docs/FLOW.md):
+``max`` and ``rc=nak-strength`` never stall the others, and leave host 3 behind (and another
+clean host that falls as far behind) and tell it what it lost; ``min`` holds everyone until it
+reads again.
 A receiver whose driver dies is dropped from the publisher's destinations after the timeout
 (5 s) and costs the others nothing.
 
@@ -36,7 +37,24 @@ PUBLISH_RATE = 5000  # 1 KiB messages per second
 #: term's 0.1 s left the lossy host behind once, at a load of 12 on 2 cores; beside
 #: stress-ng --cpu 2 a subscriber descheduled for 0.42 s was left behind at 4 MiB).
 TERM = "term-length=4m"
+TERM_LENGTH = 4 * 1024 * 1024
 FRAME = 1056  # a 1 KiB message and its header
+#: The messages a term holds (then padding to its end).
+PER_TERM = TERM_LENGTH // FRAME
+#: The longest a pause is held for its host to be left behind (at full pace its driver is
+#: within a second of the pause; 3.6 s into it at a quarter of the pace, the sender 4.7 MB on).
+MAX_PAUSE_S = 20.0
+#: The longest a receiver left behind may take to join the stream again (from its old image
+#: going to its new one being there): 0.1-0.7 s seen, more on a loaded machine; an image
+#: liveness timeout (10 s) is what this would catch.
+MAX_REJOIN_S = 5.0
+#: Under nak-strength a receiver signals as its window (128 KiB) fills past half, unless its
+#: subscribers took nothing for a signal window (50 ms): it is then paused, not slow, and says
+#: nothing (docs/FLOW.md).  So host 3 must have signalled if the sender was SIGNAL_FILL past
+#: where it paused SIGNAL_SOON_NS into the pause, which a publisher slowed by a busy machine
+#: need not be.
+SIGNAL_SOON_NS = 20 * 1_000_000
+SIGNAL_FILL = 80 * 1024
 PAUSED = 3
 LOSSY = 4
 LOSS = LinkFaults(loss=0.05)
@@ -44,12 +62,12 @@ PAUSE = Event(500 * MS, "pause", hosts=(PAUSED,), end_ns=2500 * MS)
 
 
 def play(channel: str, *, messages: int, hosts: int = 5, events=(), links=(),
-         publish_rate: float = PUBLISH_RATE) -> Report:
+         publish_rate: float = PUBLISH_RATE, hold_pause_s: float = 0.0) -> Report:
     scenario = Scenario(hosts=hosts, transport="mdc", messages=messages, size=1024,
                         publish_rate=publish_rate,
                         channel_params="|".join(p for p in (TERM, channel) if p),
                         max_virtual_ns=60 * S, events=tuple(events), links=tuple(links))
-    report = run_on_hosts(scenario, sample_interval_ns=10 * MS)
+    report = run_on_hosts(scenario, sample_interval_ns=10 * MS, hold_pause_s=hold_pause_s)
     assert report.completed, report.format_text()
     return report
 
@@ -70,31 +88,59 @@ def counters(report: Report, host: int) -> dict[str, int]:
     return report.counters[report.subscribers[host - 2]]
 
 
+def messages_below(position: int) -> int:
+    """The messages of the stream below ``position`` (a frame boundary): :data:`PER_TERM`
+    to a term, then padding to its end."""
+    term, offset = divmod(position, TERM_LENGTH)
+    return term * PER_TERM + min(-(-offset // FRAME), PER_TERM)
+
+
 def assert_exactly_once_from_each_join(report: Report) -> None:
     """Every receiver got its messages once, in order, intact, from its join: what it misses
-    is what its driver told it it lost, left behind, and what the sender sent while it
-    rejoined (its new image starts a little past the range's end, docs/FLOW.md: 4 to 25
-    messages on a quiet machine, 65 seen under load, 501 once beside stress-ng --cpu 2; up
-    to 0.25 s of the stream here)."""
+    is exactly what its driver told it it lost, left behind (``Image.lost_range``), and what
+    the sender sent while it joined again, which it is not told (docs/FLOW.md): from the
+    range's end to its next image's join position (4 to 25 messages on a quiet machine,
+    3,650 at a load of 12), each rejoin within :data:`MAX_REJOIN_S`."""
     text = report.format_text()
     assert not any(report.duplicates) and not any(report.out_of_order), text
     assert not any(report.corrupt) and not any(report.joined_late), text
-    for missing, lost in zip(report.missing, report.lost_ranges, strict=True):
-        told = sum(end - start for start, end in lost) // FRAME
-        assert told <= missing <= told + PUBLISH_RATE // 4 * len(lost), (missing, lost, text)
+    for host, (missing, lost, rejoins) in enumerate(
+            zip(report.missing, report.lost_ranges, report.rejoins, strict=True), start=2):
+        told = owed = 0
+        for (start, end), rejoin in zip(lost, rejoins, strict=True):
+            assert rejoin is not None, (host, lost, rejoins, text)  # the stream went on
+            join, seconds = rejoin
+            assert start < end <= join and seconds < MAX_REJOIN_S, (host, lost, rejoins, text)
+            told += messages_below(end) - messages_below(start)
+            owed += messages_below(join) - messages_below(start)
+        assert told <= missing == owed, (host, missing, told, owed, lost, rejoins, text)
+
+
+def sender_past_paused(report: Report, host: int, pause: Event, seconds_ns: int) -> int:
+    """How far the sender was past where ``host`` paused (bytes), ``seconds_ns`` into the
+    pause: the last samples at or before the pause and then."""
+    before = [(sender, at(positions, host)) for t, sender, positions in report.samples
+              if t <= pause.at_ns]
+    later = [sender for t, sender, _ in report.samples if t <= pause.at_ns + seconds_ns]
+    paused_at = before[-1][1] if before else 0
+    return (later[-1] or 0) - (paused_at or 0) if later else 0
 
 
 @pytest.mark.parametrize("channel", ["", "fc=min", "rc=nak-strength"],
                          ids=["max", "min", "nak-strength"])
 def test_a_lossy_link_and_a_paused_receiver_under_each_answer(needs_hosts, channel) -> None:
     report = play(channel, messages=14_000, events=[PAUSE],
-                  links=[LinkOverride(1, LOSSY, LOSS), LinkOverride(LOSSY, 1, LOSS)])
+                  links=[LinkOverride(1, LOSSY, LOSS), LinkOverride(LOSSY, 1, LOSS)],
+                  hold_pause_s=0.0 if channel == "fc=min" else MAX_PAUSE_S)
     text = report.format_text()
     assert_exactly_once_from_each_join(report)
-    # The lossy receiver got everything, by repairs: it asked, and nobody else needed to.
+    # The lossy receiver got everything, by repairs: it asked, and the others, which lost
+    # nothing on the way, asked far less (a busy machine's receivers ask for what their own
+    # sockets dropped while they were descheduled: 96 and 82 against its 900 beside
+    # stress-ng --cpu 2).
     assert at(report.missing, LOSSY) == 0 and not at(report.lost_ranges, LOSSY), text
     naks = [counters(report, host).get("NAK_MESSAGES_SENT", 0) for host in (2, 3, 4, 5)]
-    assert at(naks, LOSSY) > 10 and max(others(naks, LOSSY)) < at(naks, LOSSY) / 10, naks
+    assert at(naks, LOSSY) > 10 and max(others(naks, LOSSY)) < at(naks, LOSSY) / 4, naks
     assert counters(report, 1)["RETRANSMITS_SENT"] > 10
     if channel == "fc=min":
         assert others(report.missing, PAUSED) == [0, 0, 0], text
@@ -121,8 +167,14 @@ def test_a_lossy_link_and_a_paused_receiver_under_each_answer(needs_hosts, chann
         assert at(report.lost_ranges, PAUSED), text
         assert counters(report, PAUSED)["IMAGES_LEFT_BEHIND"] >= 1
     if channel == "rc=nak-strength":
-        assert counters(report, PAUSED)["RATE_SIGNALS_SENT"] > 0
-        assert counters(report, 1)["RATE_CUTS"] > 0
+        # Signals came to the sender and cut its rate (the lossy host signals too when its
+        # repairs fail twice; host 3 as it fills, if soon enough).
+        signals = [counters(report, host)["RATE_SIGNALS_SENT"] for host in (2, 3, 4, 5)]
+        received, cuts = (counters(report, 1)[name]
+                          for name in ("RATE_SIGNALS_RECEIVED", "RATE_CUTS"))
+        assert received <= sum(signals) and (cuts > 0) == (received > 0), (signals, cuts)
+        if sender_past_paused(report, PAUSED, PAUSE, SIGNAL_SOON_NS) > SIGNAL_FILL:
+            assert at(signals, PAUSED) > 0 and cuts > 0, (signals, cuts, text)
 
 
 def test_a_receiver_whose_driver_dies_is_timed_out_and_costs_the_others_nothing(

@@ -131,6 +131,12 @@ class _Subscriber:
         self.stats = stats
         self.read_rate = read_rate
         self.lost_ranges: list[tuple[int, int]] = []
+        #: Per image (by its correlation id, in the order the driver made them): its join
+        #: position and when this process first saw it (time.monotonic()).
+        self.joins: dict[int, tuple[int, float]] = {}
+        #: Per entry of ``lost_ranges``: the correlation id of the image that went with it,
+        #: and when.
+        self.left: list[tuple[int, float]] = []
         self.images_lost = 0
         self.subscription = client.add_subscription(
             uri, stream_id, on_unavailable_image=self._on_unavailable_image)
@@ -139,13 +145,37 @@ class _Subscriber:
         self.read = 0
         self.started_at: float | None = None
 
-    def _on_unavailable_image(self, image: Any) -> None:
+    def _note_join(self, image: Any) -> None:
+        if image.correlation_id not in self.joins:
+            self.joins[image.correlation_id] = (image.join_position, time.monotonic())
+
+    def _on_unavailable_image(self, image: Any) -> None:  # on the client's conductor thread
+        self._note_join(image)
         self.images_lost += 1
         if image.lost_range is not None:
+            self.left.append((image.correlation_id, time.monotonic()))
             self.lost_ranges.append(image.lost_range)
 
+    def rejoins(self) -> list[tuple[int, float] | None]:
+        """Per entry of ``lost_ranges``: the join position of the image the driver made next,
+        and the seconds from the old image going to this process seeing the new one; None
+        when none came."""
+        found: list[tuple[int, float] | None] = []
+        for image, went_at in self.left:
+            following = sorted(i for i in self.joins if i > image)
+            if following:
+                join, seen_at = self.joins[following[0]]
+                found.append((join, seen_at - went_at))
+            else:
+                found.append(None)
+        return found
+
     def poll(self, now: float) -> int:
-        if self.crashed or now < self.paused_until:
+        if self.crashed:
+            return 0
+        for image in self.subscription.images:
+            self._note_join(image)
+        if now < self.paused_until:
             return 0
         budget = BATCH
         if self.read_rate:
@@ -204,15 +234,22 @@ def _stop_all(drivers: list[Any]) -> None:
                 future.result()
 
 
-def run_on_hosts(scenario: Scenario, *, sample_interval_ns: int | None = None) -> Report:
+def run_on_hosts(scenario: Scenario, *, sample_interval_ns: int | None = None,
+                 hold_pause_s: float = 0.0) -> Report:
     """Play ``scenario`` on namespace hosts (see the module docstring); the report, in real
-    seconds.  Needs root; :class:`~slipstream.sim.real.hosts.HostsError` says what is missing."""
+    seconds.  Needs root; :class:`~slipstream.sim.real.hosts.HostsError` says what is missing.
+
+    ``hold_pause_s``: a paused subscriber reads again only once its driver has left its image
+    behind (its ``IMAGES_LEFT_BEHIND`` counter moved), or this many seconds after its pause
+    began, whichever is first, if that is after the pause's own end: on a busy machine the
+    publisher may go at a fraction of its pace, so a pause of fixed length need not outrun
+    what the sender can still repair.  The report's notes say how long each pause was held."""
     notes = check_applicable(scenario)
     if sample_interval_ns is not None:  # a real clock's samples jitter: fewer, steadier
         sample_interval_ns = max(sample_interval_ns, MIN_SAMPLE_INTERVAL_NS)
     with NamespaceHosts(scenario.hosts) as hosts, contextlib.ExitStack() as stack:
-        report = _Run(scenario, hosts, stack, sample_interval_ns).run()
-    report.notes = notes
+        report = _Run(scenario, hosts, stack, sample_interval_ns, hold_pause_s).run()
+    report.notes = notes + report.notes
     return report
 
 
@@ -220,9 +257,14 @@ class _Run:
     """One host run: the drivers, the clients, the publisher's loop and the samples."""
 
     def __init__(self, scenario: Scenario, hosts: NamespaceHosts, stack: contextlib.ExitStack,
-                 sample_interval_ns: int | None) -> None:
+                 sample_interval_ns: int | None, hold_pause_s: float = 0.0) -> None:
         self.scenario = scenario
         self.hosts = hosts
+        self.hold_pause_s = hold_pause_s
+        #: Paused subscribers held until their driver leaves them behind: host -> (when the
+        #: pause began, its cap).
+        self._held: dict[int, tuple[float, float]] = {}
+        self._notes: list[str] = []
         self.sample_interval = sample_interval_ns / 1e9 if sample_interval_ns else None
         settings = _settings(scenario)
         # All at once: a driver's start is mostly its interpreter's imports (five one after
@@ -297,6 +339,8 @@ class _Run:
             for index in event.hosts:
                 self.subscribers[index - 2].paused_until = now + (
                     event.end_ns - event.at_ns) / 1e9
+                if self.hold_pause_s:
+                    self._held[index] = (now, now + self.hold_pause_s)
         elif event.action == "crash":
             for index in event.hosts:
                 self.subscribers[index - 2].crashed = True
@@ -307,6 +351,18 @@ class _Run:
                 for b in range(1, self.scenario.hosts + 1):
                     if b not in side:
                         self.hosts.partition(a, b)
+
+    def _hold_pauses(self, now: float) -> None:
+        """Keep each held subscriber paused until its driver left it behind, or its cap."""
+        for index, (began, cap) in list(self._held.items()):
+            sub = self.subscribers[index - 2]
+            left = self.counters[index - 1].get(SystemCounter.IMAGES_LEFT_BEHIND.value)
+            if left or sub.lost_ranges or now >= cap:
+                del self._held[index]
+                how = "left behind" if left or sub.lost_ranges else "not left behind"
+                self._notes.append(f"host {index}: paused {now - began:.2f} s, {how}")
+            else:
+                sub.paused_until = max(sub.paused_until, now + 0.001)
 
     def _heal(self, event: Event) -> None:
         side = set(event.hosts)
@@ -339,6 +395,8 @@ class _Run:
                 self._fire(pending.pop(0), now)
             while heals and heals[0].end_ns / 1e9 <= elapsed:
                 self._heal(heals.pop(0))
+            if self._held:
+                self._hold_pauses(now)
             if self.sample_interval is not None and elapsed >= next_sample:
                 self._sample(time.monotonic_ns() - start_ns)
                 next_sample = elapsed + self.sample_interval
@@ -382,6 +440,8 @@ class _Run:
             sent=self.sent,
             **subscriber_fields(stats, ranges),
             lost_ranges=[sub.lost_ranges for sub in self.subscribers],
+            rejoins=[sub.rejoins() for sub in self.subscribers],
+            notes=self._notes,
             naks=sum(c.get("NAK_MESSAGES_SENT", 0) for ip, c in counters.items()
                      if ip != self.hosts[1].address),
             retransmits=publisher["RETRANSMITS_SENT"],
