@@ -605,6 +605,11 @@ class SubscriberHost(SimHost):
         self.unavailable_at_ns: list[int] = []
         #: Stream positions (from, to) an image lost because it was left behind.
         self.lost_ranges: list[tuple[int, int]] = []
+        #: Per image, by (the host's incarnation, its correlation id), in the order they
+        #: came: (its join position, when it came, virtual ns); and per entry of
+        #: ``lost_ranges``, the image that went with it, and when.
+        self.joins: dict[tuple[int, int], tuple[int, int]] = {}
+        self._left: list[tuple[tuple[int, int], int]] = []
         self.read_rate = sim.scenario.read_rate(index)
         self._registration_id = 0
         self._read_start_ns: int | None = None
@@ -650,6 +655,8 @@ class SubscriberHost(SimHost):
         if message["type"] == control.AVAILABLE_IMAGE:
             assert self.driver is not None
             self.images_seen += 1
+            self.joins[self.incarnation, message["correlation_id"]] = (
+                message["join_position"], self.sim.loop.now_ns)
             cell = self.driver.counters.address(message["subscriber_position_counter_id"])
             # The driver's own mapping (it outlives the reader: UNAVAILABLE_IMAGE, which
             # closes the reader, comes a linger before the driver lets the log go).
@@ -671,6 +678,22 @@ class SubscriberHost(SimHost):
             self.unavailable_at_ns.append(self.sim.loop.now_ns)
             if "lost_from" in message:
                 self.lost_ranges.append((message["lost_from"], message["lost_to"]))
+                self._left.append(((self.incarnation, message["correlation_id"]),
+                                   self.sim.loop.now_ns))
+
+    def rejoins(self) -> list[tuple[int, float] | None]:
+        """Per entry of ``lost_ranges``: the join position of the image the driver made
+        next, and the (virtual) seconds from the old image going to the new one coming; None
+        when none came."""
+        found: list[tuple[int, float] | None] = []
+        for image, went_ns in self._left:
+            following = [i for i in self.joins if i > image]
+            if following:
+                join, came_ns = self.joins[min(following)]
+                found.append((join, (came_ns - went_ns) / 1e9))
+            else:
+                found.append(None)
+        return found
 
     def _drain(self, reader: Image) -> None:
         on_message = self.stats.on_message

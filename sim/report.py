@@ -66,8 +66,8 @@ class Report:
     #: and the stream ranges its images lost because they were left behind.
     joined_late: list[int] = attrs.field(factory=list)
     lost_ranges: list[list[tuple[int, int]]] = attrs.field(factory=list)
-    #: Per subscriber, per entry of ``lost_ranges`` (runs on namespace hosts): the join
-    #: position of the image its driver made next and the seconds until it came, or None.
+    #: Per subscriber, per entry of ``lost_ranges``: the join position of the image its
+    #: driver made next and the seconds until it came, or None.
     #: What the sender sent from the range's end to that join is missed and not told as lost
     #: (docs/FLOW.md).
     rejoins: list[list[tuple[int, float] | None]] = attrs.field(factory=list)

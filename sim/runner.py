@@ -284,6 +284,7 @@ class Simulation:
             sent=sent,
             **subscriber_fields(stats, ranges),
             lost_ranges=[sub.lost_ranges for sub in self.subscribers],
+            rejoins=[sub.rejoins() for sub in self.subscribers],
             naks=sum(h.counter(SystemCounter.NAK_MESSAGES_SENT) for h in self.subscribers),
             retransmits=pub.counter(SystemCounter.RETRANSMITS_SENT),
             virtual_seconds=virtual,

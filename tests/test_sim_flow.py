@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from slipstream.client.counters import SystemCounter
+from slipstream.daemon.reports.loss_report import read_loss_report
 from slipstream.sim.network import LinkFaults
 from slipstream.sim.report import Report
 from slipstream.sim.runner import Simulation
@@ -79,6 +80,25 @@ def test_under_max_a_subscriber_slower_than_the_stream_is_left_behind_and_told()
     assert not any(report.lost_ranges[i] for i in range(4) if i != slow)
     assert "left behind" in report.verdict()
     assert report.counters[f"10.0.0.{SLOW_HOST}"].get("NAK_MESSAGES_SENT", 0) < 50
+
+
+def test_under_max_the_loss_report_counts_every_byte_a_left_behind_subscriber_missed() -> None:
+    """What the slow subscriber misses is each lost range and, after it, what the sender sent
+    until the next image joined: its driver's loss report counts both (no link loses
+    anything here, so nothing else), to the byte."""
+    scenario = Scenario(hosts=5, messages=8000, seed=7, channel_params="term-length=1m",
+                        publish_rate=PUBLISH_RATE, max_virtual_ns=30 * S,
+                        faults=LinkFaults(delay_ms=0.5), read_rates=((SLOW_HOST, SLOW_RATE),))
+    with Simulation(scenario) as sim:
+        report = sim.run()
+        observed = read_loss_report(sim.host(SLOW_HOST).driver.directory)
+    slow = SLOW_HOST - 2
+    lost, rejoins = report.lost_ranges[slow], report.rejoins[slow]
+    assert lost and all(rejoins), (lost, rejoins)
+    # The sender went on while the image went and the next one joined.
+    assert any(join > end for (_, end), (join, _) in zip(lost, rejoins, strict=True))
+    missed = sum(join - start for (start, _), (join, _) in zip(lost, rejoins, strict=True))
+    assert sum(entry.bytes_lost for entry in observed) == missed, (observed, lost, rejoins)
 
 
 def test_nak_strength_slows_the_sender_to_what_the_slow_subscriber_takes_and_loses_nothing(

@@ -192,6 +192,10 @@ class ReceiveChannel:
         self._pending_setup: dict[tuple[int, int], int] = {}  # -> expiry ns
         self._pending_image: dict[tuple[int, int], int] = {}  # -> expiry ns
         self._cool_down: dict[tuple[int, int], int] = {}  # -> expiry ns
+        #: Sessions whose image was left behind and went: where its lost range ended (the
+        #: sender then), until their next image comes or an image liveness timeout passes
+        #: -> (stream position, expiry ns).
+        self._left_ends: dict[tuple[int, int], tuple[int, int]] = {}
         #: Refused SETUPs are logged once per source address per interval: a host sending
         #: thousands gets no thousands of lines.
         self._refusal_notices = SourceNotices()
@@ -392,6 +396,9 @@ class ReceiveChannel:
         key = (image.session_id, image.stream_id)
         self._pending_image.pop(key, None)
         self._refused.pop(key, None)
+        left = self._left_ends.pop(key, None)
+        if left is not None:
+            image.missed_before_join(left[0])
         self.images[key] = image
         if self.is_response:
             self._answered.add(key)
@@ -619,11 +626,17 @@ class ReceiveChannel:
                     self._cool_down[key] = NO_DEADLINE
                 elif left is None or left[0] <= image.join_position:
                     self._cool_down[key] = now_ns + self.cool_down_ns
+                if left is not None and self.params.rejoin:
+                    self._left_ends[key] = (
+                        left[1], now_ns + self.settings.image_liveness_timeout)
             self._sync_images()
         for pending in (self._pending_setup, self._pending_image, self._cool_down):
             if pending:
                 for key in [k for k, t in pending.items() if t <= now_ns]:
                     del pending[key]
+        if self._left_ends:
+            for key in [k for k, (_, t) in self._left_ends.items() if t <= now_ns]:
+                del self._left_ends[key]
         if now_ns >= self._next_join_ns:
             self._send_join(out, now_ns)
         return out
