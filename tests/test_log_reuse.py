@@ -568,6 +568,30 @@ def test_a_large_kept_file_is_zeroed_in_pieces_between_new_logs(shm: Path) -> No
     maker.close()
 
 
+def test_the_maker_takes_each_sources_logs_in_turn(shm: Path) -> None:
+    """A host that queued many logs (a flood of SETUPs) delays another host's by one log,
+    not by all of its own: the maker takes the sources in rotation, each in its own order."""
+    maker = ImageLogMaker(making=LogMaking.DEFERRED)
+    made = []
+    for name, source in [("a0", "10.0.0.9"), ("a1", "10.0.0.9"), ("a2", "10.0.0.9"),
+                         ("a3", "10.0.0.9"), ("b0", "10.0.0.2"), ("a4", "10.0.0.9"),
+                         ("b1", "10.0.0.2"), ("c0", "10.0.0.3")]:
+        kwargs = {"term_length": TERM, "initial_term_id": 1, "session_id": len(made),
+                  "stream_id": 5, "mtu": 1408, "correlation_id": len(made), "sparse": True}
+        made.append(name)
+        maker.submit(LogJob(shm / f"{name}.logbuffer", LOG_LENGTH, kwargs, request=name,
+                            source=source))
+    order = []
+    while maker.has_done:
+        maker.step()
+        for job in maker.take_done():
+            assert isinstance(job.result, LogBuffer)
+            job.result.close()
+            order.append(job.request)
+    assert order == ["a0", "b0", "c0", "a1", "b1", "a2", "a3", "a4"]
+    maker.close()
+
+
 def test_back_to_back_ended_streams_make_the_readers_image_logs_from_released_files(
         launch) -> None:
     """A replay's shape: a stream of several terms from one driver to another, ended by its

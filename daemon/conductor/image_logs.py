@@ -5,7 +5,9 @@ in the driver directory, allocated and mapped in place (up to 3 GiB, seconds of 
 large terms).  Made on the conductor's thread, a flood of SETUPs held it for as long as the
 files took, and its clients saw no heartbeat and deemed the driver dead.  So the conductor
 hands each log to :class:`ImageLogMaker`, whose one worker thread makes the files in turn
-(``ftruncate``, ``posix_fallocate`` and the populating map release the GIL), and takes the
+(``ftruncate``, ``posix_fallocate`` and the populating map release the GIL), the sources'
+in rotation (a host with many logs queued delays another's by one log, not by all of them:
+a flood of SETUPs for large terms does not hold a legitimate stream back), and takes the
 finished ones back in a later duty cycle (:meth:`ImageLogMaker.take_done`), where it attaches
 the image, or frees a log nobody wants any more.  An embedded driver, which has no thread of
 its own, makes them on its conductor's thread one per cycle instead (:class:`LogMaking`), so
@@ -33,7 +35,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +54,16 @@ class LogJob:
     """One log to make: its file, its length in bytes (reserved in the budget) and the
     keyword arguments of LogBuffer.create; ``request`` is the caller's (what the log is
     for); ``logs_length``, the driver's other logs' length as its budget counted them when
-    the job was made (:func:`make_log_file`'s).  The maker fills ``result``: the log, or the
-    exception that stopped it."""
+    the job was made (:func:`make_log_file`'s); ``source``, whose log it is (the sender's
+    host): the maker takes the sources' jobs in turn.  The maker fills ``result``: the log,
+    or the exception that stopped it."""
 
     path: Path
     length: int
     kwargs: dict[str, Any]
     request: Any
     logs_length: int | None = None
+    source: Hashable = None
     result: LogBuffer | BaseException | None = None
 
 
@@ -92,7 +96,8 @@ class ImageLogMaker:
         self._wake = wake
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
-        self._queued: deque[LogJob] = deque()
+        #: The jobs to make, by source, the source whose turn is next first.
+        self._queued: dict[Hashable, deque[LogJob]] = {}
         self._discards: deque[tuple[LogBuffer, Callable[[], None]]] = deque()
         self._done: list[LogJob] = []
         self._gone: list[Callable[[], None]] = []
@@ -117,7 +122,7 @@ class ImageLogMaker:
         with self._lock:
             if self._closing:
                 raise RuntimeError("the image log maker is closed")
-            self._queued.append(job)
+            self._queued.setdefault(job.source, deque()).append(job)
             self._start()
 
     def discard(self, log_buffer: LogBuffer, gone: Callable[[], None]) -> None:
@@ -163,7 +168,7 @@ class ImageLogMaker:
         free) and the unmade ones (their budget to give back)."""
         with self._lock:
             self._closing = True
-            unmade = list(self._queued)
+            unmade = [job for jobs in self._queued.values() for job in jobs]
             self._queued.clear()
             self._work.notify_all()
             thread = self._thread
@@ -188,11 +193,18 @@ class ImageLogMaker:
         self._work.notify()
 
     def _next_unit(self) -> tuple[LogBuffer, Callable[[], None]] | LogJob | None:
-        """(Holding the lock.)  The next deletion, else the next log to make, else None."""
+        """(Holding the lock.)  The next deletion, else the next log to make (of the source
+        whose turn it is, which then goes last), else None."""
         if self._discards:
             return self._discards.popleft()
-        if self._queued:
-            return self._queued.popleft()
+        queued = self._queued
+        if queued:
+            source = next(iter(queued))
+            jobs = queued.pop(source)
+            job = jobs.popleft()
+            if jobs:
+                queued[source] = jobs
+            return job
         return None
 
     def _do(self, unit: tuple[LogBuffer, Callable[[], None]] | LogJob) -> None:

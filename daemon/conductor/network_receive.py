@@ -496,7 +496,7 @@ class ReceiveSide:
              "group": params.image_is_group(setup.is_group), "sparse": params.sparse,
              "mode": self.settings.file_mode(clients_write=True)},
             _PendingImage(event, entry, registration_id, key, host, now_ns),
-            logs_length=self.budget.used - length)
+            logs_length=self.budget.used - length, source=host)
         self._pending[key] = job
         self._source_use.setdefault(host, [0, 0, 0])
         self._charge(host, 1, length, pending=1)
