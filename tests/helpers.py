@@ -303,6 +303,17 @@ def runnable_s(*, all_threads: bool = False, pid: int | None = None) -> float:
     return sum(on_cpu + waiting for on_cpu, waiting, _ in _schedstats(all_threads, pid))
 
 
+def cpu_wait_s(pid: int, thread: str) -> float:
+    """Seconds the thread named ``thread`` (its ``comm``) of process ``pid`` has waited for
+    a CPU while runnable (``schedstat``'s second field; 0.0 when it has none, or ended):
+    what a loaded machine made it wait, told apart from what it waited on itself."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            if (task / "comm").read_text().strip() == thread:
+                return int((task / "schedstat").read_text().split()[1]) / 1e9
+    return 0.0
+
+
 def timeslices(pid: int) -> int:
     """How many times the threads of process ``pid`` (summed) were put on a CPU (the run
     count of ``schedstat``): a sleeping thread's wake-ups, and a runnable one's returns after

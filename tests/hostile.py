@@ -55,13 +55,20 @@ class StreamReport:
         """The longest time between ``start_s`` and ``end_s`` after the publisher began in
         which no message was delivered (s, in whole 100 ms buckets; a stream that flows shows
         0.1).  A bucket the subscriber's loop did not reach counts as no delivery."""
+        return self.longest_stall(start_s, end_s)[0]
+
+    def longest_stall(self, start_s: float, end_s: float) -> tuple[float, float]:
+        """:meth:`longest_stall_s`, and when it began (s after the publisher began)."""
         i0, i1 = int((start_s + self.lead_s) * 10), int((end_s + self.lead_s) * 10)
-        longest, last_index, last_count = 0, i0, self.buckets[i0]
+        longest, at, last_index, last_count = 0, i0, i0, self.buckets[i0]
         for index in range(i0 + 1, i1 + 1):
             if self.buckets[index] > last_count:
-                longest = max(longest, index - last_index)
+                if index - last_index > longest:
+                    longest, at = index - last_index, last_index
                 last_index, last_count = index, self.buckets[index]
-        return max(longest, i1 - last_index) / 10
+        if i1 - last_index > longest:
+            longest, at = i1 - last_index, last_index
+        return longest / 10, at / 10 - self.lead_s
 
 
 def _publisher(directory: str, channel: str, stream_id: int, rate: float, seconds: float,

@@ -46,9 +46,19 @@ SESSION = 424242
 TERM_ID = 1000
 TERM_LENGTH = 1 << 20
 RATE = 2000
-#: A publication with no status message for this long counts its receivers gone, s (the
-#: drivers run with the defaults).
-CONNECTION_TIMEOUT_S = DriverSettings().publication_connection_timeout / 1e9
+#: How long the stream of the first test runs, s: its attacks take 20 s and a process start
+#: each (about 28 s in all on a quiet machine, 38 s beside a CPU hog); each must run while
+#: the stream does.
+STREAM_S = 60.0
+#: An image with no packet for this long is closed, s (the drivers run with the defaults).
+#: The longest the legitimate stream may deliver nothing: a publisher that took its receiver
+#: for lost is seen directly (its offers answer NOT_CONNECTED), and a stream an attack stopped
+#: shows a stall to the end of the attacks, or loses messages.  Below this, a loaded
+#: machine's clients and drivers waiting for a core stall it too (7.5 s seen beside a CPU
+#: hog), with or without an attack.
+IMAGE_LIVENESS_S = DriverSettings().image_liveness_timeout / 1e9
+#: A client whose driver's heartbeat is this old deems it dead, s.
+DRIVER_TIMEOUT_S = DriverSettings().driver_timeout / 1e9
 
 
 def _keyed_drivers(segment: NamespaceHosts, tmp_path: Path) -> tuple[Any, Any]:
@@ -82,7 +92,7 @@ def test_an_encrypted_stream_delivers_every_message_once_through_every_attack(
         f"aeron:udp?endpoint={two}:{PORT}|control={one}:{CONTROL_PORT}|key=k|"
         f"term-length={TERM_LENGTH}|{start}",
         str(subscriber.directory), f"aeron:udp?endpoint={two}:{PORT}|key=k", STREAM,
-        rate=RATE, seconds=40.0)
+        rate=RATE, seconds=STREAM_S)
     known = {"session_id": SESSION, "publisher": [one, CONTROL_PORT],
              "subscriber": [two, PORT], "receiver": [two, PORT], "receiver_id": 1,
              "term_id": TERM_ID, "term_offset": 0, "term_length": TERM_LENGTH}
@@ -92,26 +102,35 @@ def test_an_encrypted_stream_delivers_every_message_once_through_every_attack(
     # The publisher's control port takes the forged control, the subscriber's port the rest.
     unread_before = [udp_receive_drops(segment[i], port)
                      for i, port in ((1, CONTROL_PORT), (2, PORT))]
+    windows: list[tuple[str, float, float]] = []  # (attack, began, ended), s after began
+
+    def timed(name: str, summary: dict[str, Any]) -> int:
+        ended = time.monotonic() - began
+        windows.append((name, windows[-1][2] if windows else attacks_began, ended))
+        return summary["sent"]
+
     sent = {
-        "setups, 128 MiB terms": attack(attacker, "setup-flood", target=f"{two}:{PORT}",
-                                        stream_id=STREAM, term_length=128 << 20, rate=10,
-                                        seconds=3)["sent"],
-        "setups, 64 KiB terms": attack(attacker, "setup-flood", target=f"{two}:{PORT}",
-                                       stream_id=STREAM, term_length=64 << 10, rate=250,
-                                       seconds=4)["sent"],
-        "NAKs as the receiver": attack(attacker, "forge-control", stream_id=STREAM,
-                                       kind="nak", count=16_000, seconds=4,
-                                       known=known)["sent"],
-        "ERRs as the receiver": attack(attacker, "forge-control", stream_id=STREAM,
-                                       kind="err", count=600, seconds=2, known=known)["sent"],
-        "rate signals as the receiver": attack(attacker, "forge-control", stream_id=STREAM,
-                                               kind="rate", count=1000, seconds=2,
-                                               known=known)["sent"],
-        "DATA as the publisher": attack(attacker, "forge-data", stream_id=STREAM, count=2000,
-                                        seconds=2, known=known)["sent"],
-        "a receiver that freezes": attack(attacker, "forge-control", stream_id=STREAM,
-                                          kind="freeze", count=300, seconds=3, spoof=False,
-                                          freeze_after_s=1.0, known=known)["sent"],
+        name: timed(name, attack(attacker, kind, **args)) for name, kind, args in (
+            ("setups, 128 MiB terms", "setup-flood",
+             {"target": f"{two}:{PORT}", "stream_id": STREAM, "term_length": 128 << 20,
+              "rate": 10, "seconds": 3}),
+            ("setups, 64 KiB terms", "setup-flood",
+             {"target": f"{two}:{PORT}", "stream_id": STREAM, "term_length": 64 << 10,
+              "rate": 250, "seconds": 4}),
+            ("NAKs as the receiver", "forge-control",
+             {"stream_id": STREAM, "kind": "nak", "count": 16_000, "seconds": 4,
+              "known": known}),
+            ("ERRs as the receiver", "forge-control",
+             {"stream_id": STREAM, "kind": "err", "count": 600, "seconds": 2, "known": known}),
+            ("rate signals as the receiver", "forge-control",
+             {"stream_id": STREAM, "kind": "rate", "count": 1000, "seconds": 2,
+              "known": known}),
+            ("DATA as the publisher", "forge-data",
+             {"stream_id": STREAM, "count": 2000, "seconds": 2, "known": known}),
+            ("a receiver that freezes", "forge-control",
+             {"stream_id": STREAM, "kind": "freeze", "count": 300, "seconds": 3,
+              "spoof": False, "freeze_after_s": 1.0, "known": known}),
+        )
     }
     attacks_ended = time.monotonic() - began
     # What each host's kernel dropped unread (a full receive buffer on a loaded machine):
@@ -120,7 +139,8 @@ def test_an_encrypted_stream_delivers_every_message_once_through_every_attack(
         udp_receive_drops(segment[i], port) - before
         for (i, port), before in zip(((1, CONTROL_PORT), (2, PORT)), unread_before,
                                      strict=True))
-    assert attacks_ended < 38, f"the attacks took {attacks_ended:.1f} s of the stream's 40"
+    assert attacks_ended < STREAM_S - 2, (
+        f"the attacks took {attacks_ended:.1f} s of the stream's {STREAM_S:g}: {windows}")
     report = stream.report()
 
     assert all(n > 0 for n in sent.values()), sent
@@ -128,15 +148,20 @@ def test_an_encrypted_stream_delivers_every_message_once_through_every_attack(
     assert report.duplicates == 0 and report.out_of_order == 0
     assert report.received == report.offered, (report.received, report.offered)
     assert report.not_connected == 0
-    assert report.offered >= 0.97 * RATE * 40
-    # The stream flowed through every attack: no stall a publisher would take for a lost
-    # receiver.  Its rate under each attack against the quiet rate is bench.hostile_floods'.
-    stall_s = report.longest_stall_s(attacks_began, attacks_ended)
-    assert stall_s < CONNECTION_TIMEOUT_S, stall_s
-    # The driver beats at least once a second, idle or not: a flood that held its conductor
-    # would show here as it did to the clients that saw their driver dead.
-    assert report.subscriber_heartbeat_age_s < 2.0
-    assert report.publisher_heartbeat_age_s < 2.0
+    assert report.offered >= 0.97 * RATE * STREAM_S
+    # The stream flowed through every attack: its publisher never took its receiver for lost
+    # (not_connected above), and it never stalled as long as its image lives without a
+    # packet.  Its rate under each attack against the quiet rate is bench.hostile_floods'.
+    stall_s, stall_began_s = report.longest_stall(attacks_began, attacks_ended)
+    assert stall_s < IMAGE_LIVENESS_S, (
+        f"no delivery for {stall_s:.1f} s from {stall_began_s:.1f} s; the attacks (name, "
+        f"began, ended, s): {windows}")
+    # Neither client ever deems its driver dead (a heartbeat driver_timeout old): a flood that
+    # held a conductor would show here as it did to the clients that saw their driver dead.
+    # The driver beats about once a second, but a loaded machine leaves its conductor waiting
+    # for a core for seconds, flood or not: the limit is the clients'.
+    assert report.subscriber_heartbeat_age_s < DRIVER_TIMEOUT_S
+    assert report.publisher_heartbeat_age_s < DRIVER_TIMEOUT_S
     at_subscriber, at_publisher = _drops(subscriber.directory), _drops(publisher.directory)
     # The SETUPs and the forged DATA reached the subscriber's endpoint in plain text; the
     # forged control, the publisher's.
@@ -183,6 +208,6 @@ def test_an_encrypted_dynamic_mdc_stream_reflects_nothing_to_forged_joins(
     assert reflected == 0
     assert report.forged == 0 and report.duplicates == 0 and report.out_of_order == 0
     assert report.received == report.offered and report.not_connected == 0
-    assert report.longest_stall_s(attacks_began, attacks_ended) < CONNECTION_TIMEOUT_S
+    assert report.longest_stall_s(attacks_began, attacks_ended) < IMAGE_LIVENESS_S
     assert _drops(publisher.directory).get("crypto-plain-at-encrypted", 0) + unread >= (
         0.9 * 1760)

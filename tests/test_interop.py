@@ -514,6 +514,13 @@ GROUP_TAG = 0x5EED_0007
 GROUP_TAG_ASF = GROUP_TAG.to_bytes(8, "little", signed=True).hex()
 
 
+#: How long the slow-receiver test waits for a message before giving up, s: its stream
+#: (12,000 messages at 4,000 a second) takes 3 s, its publisher a JVM's start first; a loaded
+#: machine stretches both, and the wait starts again with each message that arrives.
+PROGRESS_WAIT_S = 60.0
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("strategy", ["min", "preferred"])
 def test_a_stock_aeron_sender_under_min_or_preferred_holds_to_a_slow_slipstream_receiver(
         driver_dir: Path, strategy: str) -> None:
@@ -526,8 +533,18 @@ def test_a_stock_aeron_sender_under_min_or_preferred_holds_to_a_slow_slipstream_
     require_aeron()
     uri, messages = channel("multicast"), 12_000
     other_dir = driver_dir.parent / (driver_dir.name + "-b")
-    properties = ({"aeron.PreferredMulticastFlowControl.asf": GROUP_TAG_ASF}
-                  if strategy == "preferred" else {})
+    # Aeron's default liveness (10 s), not the fast 2 s: Aeron 1.15.1's client takes the
+    # driver's client liveness timeout as its own conductor's limit too, and a JVM starved
+    # of the cores for 2 s (a loaded machine's) ends its StreamingPublisher with a
+    # ConductorServiceTimeoutException before it sends anything.  Likewise the flow controls
+    # forget a receiver silent for their receiver timeout (2 s): slipstream's status
+    # messages go every 200 ms or sooner, so only a starved machine is silent that long.
+    properties: dict[str, int | str] = {
+        "aeron.client.liveness.timeout": DEFAULT_LIVENESS_NS,
+        "aeron.MinMulticastFlowControl.receiverTimeout": DEFAULT_LIVENESS_NS,
+        "aeron.PreferredMulticastFlowControl.receiverTimeout": DEFAULT_LIVENESS_NS}
+    if strategy == "preferred":
+        properties["aeron.PreferredMulticastFlowControl.asf"] = GROUP_TAG_ASF
     slow_uri = f"{uri}|gtag={GROUP_TAG}" if strategy == "preferred" else uri
     with AeronDriver(multicast_flow_control=strategy, properties=properties) as aeron, \
             MediaDriver.launch(
@@ -537,14 +554,31 @@ def test_a_stock_aeron_sender_under_min_or_preferred_holds_to_a_slow_slipstream_
             Client.connect(slow_driver.directory) as slow_client:
         fast = fast_client.add_subscription(uri, 1007)
         slow = slow_client.add_subscription(slow_uri, 1007)
-        publisher = threading.Thread(target=streaming_publisher, daemon=True, args=(
-            aeron, uri + TERM, 1007), kwargs={"message_length": 64, "messages": messages})
+        failure: list[BaseException] = []
+
+        def publish() -> None:
+            try:
+                streaming_publisher(aeron, uri + TERM, 1007, message_length=64,
+                                    messages=messages, timeout=240)
+            except BaseException as e:
+                failure.append(e)
+
+        publisher = threading.Thread(target=publish, daemon=True)
         publisher.start()
         seen: tuple[list[int], list[int]] = ([], [])
-        deadline = time.monotonic() + 60
+        # Waits while the stream moves: a stream that stops (a sender that no longer holds
+        # to the slow receiver leaves it a gap it never fills) fails PROGRESS_WAIT_S after
+        # its last message, and every wait ends within the cap.
+        cap = time.monotonic() + 240
+        deadline, arrived = time.monotonic() + PROGRESS_WAIT_S, 0
         start: float | None = None
         while not all(s and s[-1] == messages - 1 for s in seen):
-            assert time.monotonic() < deadline, (
+            now = time.monotonic()
+            if len(seen[0]) + len(seen[1]) > arrived:
+                arrived = len(seen[0]) + len(seen[1])
+                deadline = now + PROGRESS_WAIT_S
+            assert not failure, failure  # StreamingPublisher failed: nothing more comes
+            assert now < min(deadline, cap), (
                 f"{[len(s) for s in seen]} of {messages}, from {[s[:1] for s in seen]}")
             fast.poll(lambda data, _h: seen[0].append(INDEX.unpack_from(data)[0]), 1000)
             if slow.images and start is None:
@@ -555,6 +589,7 @@ def test_a_stock_aeron_sender_under_min_or_preferred_holds_to_a_slow_slipstream_
                           min(100, allowed - len(seen[1])))
             time.sleep(0.0002)
         publisher.join(30)
+        assert not failure, failure
         # Aeron's sender sends once one receiver has connected: the other joins where the
         # stream is when its image is made, the start on a quiet host, later on a loaded one.
         # From there each gets every message, once, in order: the sender held to both.
