@@ -605,11 +605,11 @@ class SubscriberHost(SimHost):
         self.unavailable_at_ns: list[int] = []
         #: Stream positions (from, to) an image lost because it was left behind.
         self.lost_ranges: list[tuple[int, int]] = []
-        #: Per image, by (the host's incarnation, its correlation id), in the order they
-        #: came: (its join position, when it came, virtual ns); and per entry of
-        #: ``lost_ranges``, the image that went with it, and when.
-        self.joins: dict[tuple[int, int], tuple[int, int]] = {}
-        self._left: list[tuple[tuple[int, int], int]] = []
+        #: Per image, by (the host's incarnation, its correlation id): its session, join
+        #: position and when it came (virtual s); and per entry of ``lost_ranges``, the image
+        #: that went with it, its session and when (sim/report.py's ``rejoins``).
+        self.joins: dict[tuple[int, int], tuple[int, int, float]] = {}
+        self.left: list[tuple[tuple[int, int], int, float]] = []
         self.read_rate = sim.scenario.read_rate(index)
         self._registration_id = 0
         self._read_start_ns: int | None = None
@@ -656,7 +656,7 @@ class SubscriberHost(SimHost):
             assert self.driver is not None
             self.images_seen += 1
             self.joins[self.incarnation, message["correlation_id"]] = (
-                message["join_position"], self.sim.loop.now_ns)
+                message["session_id"], message["join_position"], self.sim.loop.now_ns / 1e9)
             cell = self.driver.counters.address(message["subscriber_position_counter_id"])
             # The driver's own mapping (it outlives the reader: UNAVAILABLE_IMAGE, which
             # closes the reader, comes a linger before the driver lets the log go).
@@ -678,22 +678,9 @@ class SubscriberHost(SimHost):
             self.unavailable_at_ns.append(self.sim.loop.now_ns)
             if "lost_from" in message:
                 self.lost_ranges.append((message["lost_from"], message["lost_to"]))
-                self._left.append(((self.incarnation, message["correlation_id"]),
-                                   self.sim.loop.now_ns))
-
-    def rejoins(self) -> list[tuple[int, float] | None]:
-        """Per entry of ``lost_ranges``: the join position of the image the driver made
-        next, and the (virtual) seconds from the old image going to the new one coming; None
-        when none came."""
-        found: list[tuple[int, float] | None] = []
-        for image, went_ns in self._left:
-            following = [i for i in self.joins if i > image]
-            if following:
-                join, came_ns = self.joins[min(following)]
-                found.append((join, (came_ns - went_ns) / 1e9))
-            else:
-                found.append(None)
-        return found
+                key = (self.incarnation, message["correlation_id"])
+                session = self.joins[key][0] if key in self.joins else None
+                self.left.append((key, session, self.sim.loop.now_ns / 1e9))
 
     def _drain(self, reader: Image) -> None:
         on_message = self.stats.on_message

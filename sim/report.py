@@ -102,11 +102,16 @@ class Report:
             missing = _at(self.missing, i)
             late = _at(self.joined_late, i)
             left = self.lost_ranges[i] if i < len(self.lost_ranges) else []
+            rejoined = self.rejoins[i] if i < len(self.rejoins) else []
+            rest = sum(rejoin[0] - end for (_, end), rejoin in zip(left, rejoined, strict=False)
+                       if rejoin is not None)
             if missing and (late or left):
                 problems.append(
                     f"{ip} missed {missing}: {late} before it joined, {missing - late} after"
                     + (f" (left behind {len(left)} time(s), told of "
-                       f"{sum(b - a for a, b in left):,} bytes lost)" if left else ""))
+                       f"{sum(b - a for a, b in left):,} bytes lost"
+                       + (f", {rest:,} more while it joined again" if rest else "") + ")"
+                       if left else ""))
             elif missing:
                 problems.append(f"{ip} missed {missing}")
             crashed_or_late = crashed_or_late or bool(missing and not left)
@@ -175,6 +180,23 @@ class Report:
 def _at(counts: list[int], i: int) -> int:
     """``counts[i]``, 0 when the list stops short (a report built with fewer lists)."""
     return counts[i] if i < len(counts) else 0
+
+
+def rejoins(left: list[tuple[Any, int, float]],
+            joins: dict[Any, tuple[int, int, float]]) -> list[tuple[int, float] | None]:
+    """A subscriber's :attr:`Report.rejoins`: for each image that went left behind
+    (``left``: its key, its session id, when it went, s) the join position of the next image
+    of that session (``joins``: key -> session id, join position, when it came, s; keys
+    ordered as the driver made the images) and the seconds between, or None when none came."""
+    found: list[tuple[int, float] | None] = []
+    for key, session, went_s in left:
+        following = [k for k, (s, _, _) in joins.items() if k > key and s == session]
+        if following:
+            _, join, came_s = joins[min(following)]
+            found.append((join, came_s - went_s))
+        else:
+            found.append(None)
+    return found
 
 
 def subscriber_fields(stats: list[Any], ranges: list[tuple[int, int, int]]) -> dict[str, list]:

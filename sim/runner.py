@@ -34,7 +34,7 @@ from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.sim.events import EventLoop
 from slipstream.sim.host import PublisherHost, SimHost, SubscriberHost
 from slipstream.sim.network import Address, Network, Partition
-from slipstream.sim.report import Report, subscriber_fields
+from slipstream.sim.report import Report, rejoins, subscriber_fields
 from slipstream.sim.scenario import Event, Scenario, ScenarioError, host_ip, make_faults
 
 #: Check for completion every this many event-loop actions: the check reads every subscriber's
@@ -284,7 +284,7 @@ class Simulation:
             sent=sent,
             **subscriber_fields(stats, ranges),
             lost_ranges=[sub.lost_ranges for sub in self.subscribers],
-            rejoins=[sub.rejoins() for sub in self.subscribers],
+            rejoins=[rejoins(sub.left, sub.joins) for sub in self.subscribers],
             naks=sum(h.counter(SystemCounter.NAK_MESSAGES_SENT) for h in self.subscribers),
             retransmits=pub.counter(SystemCounter.RETRANSMITS_SENT),
             virtual_seconds=virtual,

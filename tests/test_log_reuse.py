@@ -569,26 +569,45 @@ def test_a_large_kept_file_is_zeroed_in_pieces_between_new_logs(shm: Path) -> No
 
 
 def test_the_maker_takes_each_sources_logs_in_turn(shm: Path) -> None:
-    """A host that queued many logs (a flood of SETUPs) delays another host's by one log,
-    not by all of its own: the maker takes the sources in rotation, each in its own order."""
+    """A host that queued many logs (a flood of SETUPs) delays another host's by the log
+    being made and one more at most, not by all of its own: the maker takes the sources in
+    rotation, each in its own order, a source that comes later too."""
     maker = ImageLogMaker(making=LogMaking.DEFERRED)
-    made = []
-    for name, source in [("a0", "10.0.0.9"), ("a1", "10.0.0.9"), ("a2", "10.0.0.9"),
-                         ("a3", "10.0.0.9"), ("b0", "10.0.0.2"), ("a4", "10.0.0.9"),
-                         ("b1", "10.0.0.2"), ("c0", "10.0.0.3")]:
-        kwargs = {"term_length": TERM, "initial_term_id": 1, "session_id": len(made),
-                  "stream_id": 5, "mtu": 1408, "correlation_id": len(made), "sparse": True}
-        made.append(name)
+    submitted = 0
+
+    def submit(name: str, source: str) -> None:
+        nonlocal submitted
+        kwargs = {"term_length": TERM, "initial_term_id": 1, "session_id": submitted,
+                  "stream_id": 5, "mtu": 1408, "correlation_id": submitted, "sparse": True}
+        submitted += 1
         maker.submit(LogJob(shm / f"{name}.logbuffer", LOG_LENGTH, kwargs, request=name,
                             source=source))
-    order = []
-    while maker.has_done:
+
+    order: list[str] = []
+
+    def step() -> None:
         maker.step()
         for job in maker.take_done():
             assert isinstance(job.result, LogBuffer)
             job.result.close()
             order.append(job.request)
+
+    for name, source in [("a0", "10.0.0.9"), ("a1", "10.0.0.9"), ("a2", "10.0.0.9"),
+                         ("a3", "10.0.0.9"), ("b0", "10.0.0.2"), ("a4", "10.0.0.9"),
+                         ("b1", "10.0.0.2"), ("c0", "10.0.0.3")]:
+        submit(name, source)
+    while maker.has_done:
+        step()
     assert order == ["a0", "b0", "c0", "a1", "b1", "a2", "a3", "a4"]
+    # A host that asks while the flood's logs are being made: the one being made, then one
+    # more of the flood's at most, then its own.
+    for k in range(5, 10):
+        submit(f"a{k}", "10.0.0.9")
+    step()
+    submit("d0", "10.0.0.4")
+    while maker.has_done:
+        step()
+    assert order[8:] == ["a5", "a6", "d0", "a7", "a8", "a9"]
     maker.close()
 
 

@@ -116,14 +116,25 @@ def assert_exactly_once_from_each_join(report: Report) -> None:
         assert told <= missing == owed, (host, missing, told, owed, lost, rejoins, text)
 
 
-def sender_past_paused(report: Report, host: int, pause: Event, seconds_ns: int) -> int:
-    """How far the sender was past where ``host`` paused (bytes), ``seconds_ns`` into the
-    pause: the last samples at or before the pause and then."""
-    before = [(sender, at(positions, host)) for t, sender, positions in report.samples
-              if t <= pause.at_ns]
-    later = [sender for t, sender, _ in report.samples if t <= pause.at_ns + seconds_ns]
-    paused_at = before[-1][1] if before else 0
-    return (later[-1] or 0) - (paused_at or 0) if later else 0
+def _interpolated(points: list[tuple[int, int]], t_ns: int) -> float:
+    """The value at ``t_ns`` of a position sampled at ``points`` ((t, value), in order):
+    linear between the samples around it, the nearest one beyond them."""
+    before = [(t, v) for t, v in points if t <= t_ns]
+    after = [(t, v) for t, v in points if t > t_ns]
+    if not before or not after:
+        return (before or after)[-1 if before else 0][1]
+    (t0, v0), (t1, v1) = before[-1], after[0]
+    return v0 + (v1 - v0) * (t_ns - t0) / (t1 - t0)
+
+
+def sender_past_paused(report: Report, host: int, pause: Event, after_ns: int) -> float:
+    """How far the sender was past where ``host`` paused (bytes), ``after_ns`` into the
+    pause, each interpolated between the samples around its instant."""
+    sender = [(t, p) for t, p, _ in report.samples if p is not None]
+    paused = [(t, at(positions, host)) for t, _, positions in report.samples
+              if at(positions, host) is not None]
+    return (_interpolated(sender, pause.at_ns + after_ns)
+            - _interpolated(paused, pause.at_ns))
 
 
 @pytest.mark.parametrize("channel", ["", "fc=min", "rc=nak-strength"],

@@ -6,8 +6,9 @@ large terms).  Made on the conductor's thread, a flood of SETUPs held it for as 
 files took, and its clients saw no heartbeat and deemed the driver dead.  So the conductor
 hands each log to :class:`ImageLogMaker`, whose one worker thread makes the files in turn
 (``ftruncate``, ``posix_fallocate`` and the populating map release the GIL), the sources'
-in rotation (a host with many logs queued delays another's by one log, not by all of them:
-a flood of SETUPs for large terms does not hold a legitimate stream back), and takes the
+in rotation (a host with many logs queued delays another's by the log being made and one
+more at most, not by all of them: a flood of SETUPs for large terms does not hold a
+legitimate stream back), and takes the
 finished ones back in a later duty cycle (:meth:`ImageLogMaker.take_done`), where it attaches
 the image, or frees a log nobody wants any more.  An embedded driver, which has no thread of
 its own, makes them on its conductor's thread one per cycle instead (:class:`LogMaking`), so

@@ -43,6 +43,7 @@ Units: times in ns, sizes in bytes.
 from __future__ import annotations
 
 import random
+from typing import NamedTuple
 
 from slipstream.client.channel import Channel
 from slipstream.client.counters import SystemCounter
@@ -137,9 +138,18 @@ REFUSED_COOL_DOWNS_MAX = 8
 #: forgotten go, then the oldest half.
 REFUSED_SESSIONS_MAX = 4096
 
+
+class _LeftEnd(NamedTuple):
+    """Where a session's image left behind lost its stream to (the sender then), until when
+    a next image of the session may count the rest up to its join as lost too, and the
+    framing (initial term id, term length) of the log those positions are of."""
+
+    position: int
+    expires_ns: int
+    framing: tuple[int, int]
+
+
 _NOT_FOR_A_RECEIVER = frozenset((HDR_TYPE_NAK, HDR_TYPE_SM, HDR_TYPE_ERR, HDR_TYPE_RSP_SETUP))
-
-
 
 
 class ReceiveChannel:
@@ -192,10 +202,9 @@ class ReceiveChannel:
         self._pending_setup: dict[tuple[int, int], int] = {}  # -> expiry ns
         self._pending_image: dict[tuple[int, int], int] = {}  # -> expiry ns
         self._cool_down: dict[tuple[int, int], int] = {}  # -> expiry ns
-        #: Sessions whose image was left behind and went: where its lost range ended (the
-        #: sender then), until their next image comes or an image liveness timeout passes
-        #: -> (stream position, expiry ns).
-        self._left_ends: dict[tuple[int, int], tuple[int, int]] = {}
+        #: Sessions whose image was left behind and went, until their next image comes or
+        #: an image liveness timeout passes: where its lost range ended (the sender then).
+        self._left_ends: dict[tuple[int, int], _LeftEnd] = {}
         #: Refused SETUPs are logged once per source address per interval: a host sending
         #: thousands gets no thousands of lines.
         self._refusal_notices = SourceNotices()
@@ -214,7 +223,6 @@ class ReceiveChannel:
         # The C side: the image table and the counters it counts into.  Receive buffers are
         # the transport's (a socket needs them, the simulator does not).
         self.c = c = network_ffi.new("ss_receiver_t *")
-        c.slot_mask = -1  # no slots until the first load
         self._image_table = SlotTable("ss_image_t", "slots", "slot_mask",
                                       network.ss_receiver_set_images)
         self._image_table.load(c, [])
@@ -259,6 +267,8 @@ class ReceiveChannel:
         self._subscriptions.pop(stream_id, None)
         self._sync_streams()
         self._answered = {key for key in self._answered if key[1] != stream_id}
+        for key in [k for k in self._left_ends if k[1] == stream_id]:
+            del self._left_ends[key]  # a subscription made later had none of it
         for key in [k for k in self._cool_down if k[1] == stream_id and not self.params.rejoin]:
             del self._cool_down[key]  # rejoin=false holds a session off while it is wanted
         for (_session, stream), image in self.images.items():
@@ -396,9 +406,10 @@ class ReceiveChannel:
         key = (image.session_id, image.stream_id)
         self._pending_image.pop(key, None)
         self._refused.pop(key, None)
-        left = self._left_ends.pop(key, None)
-        if left is not None:
-            image.missed_before_join(left[0])
+        left_end = self._left_ends.pop(key, None)
+        if (left_end is not None and left_end.expires_ns > self._now_ns
+                and left_end.framing == image.log.identity.framing):
+            image.missed_before_join(left_end.position)
         self.images[key] = image
         if self.is_response:
             self._answered.add(key)
@@ -627,15 +638,16 @@ class ReceiveChannel:
                 elif left is None or left[0] <= image.join_position:
                     self._cool_down[key] = now_ns + self.cool_down_ns
                 if left is not None and self.params.rejoin:
-                    self._left_ends[key] = (
-                        left[1], now_ns + self.settings.image_liveness_timeout)
+                    self._left_ends[key] = _LeftEnd(
+                        left[1], now_ns + self.settings.image_liveness_timeout,
+                        image.log.identity.framing)
             self._sync_images()
         for pending in (self._pending_setup, self._pending_image, self._cool_down):
             if pending:
                 for key in [k for k, t in pending.items() if t <= now_ns]:
                     del pending[key]
         if self._left_ends:
-            for key in [k for k, (_, t) in self._left_ends.items() if t <= now_ns]:
+            for key in [k for k, v in self._left_ends.items() if v.expires_ns <= now_ns]:
                 del self._left_ends[key]
         if now_ns >= self._next_join_ns:
             self._send_join(out, now_ns)

@@ -105,7 +105,6 @@ class SendChannel:
         #: A datagram went to Python (on_control) since the sender's last Python pass: the
         #: simulator's agent then runs that pass.
         self.has_python_work = False
-        c.publication_mask = -1  # no slots until the first load
         self._publication_table = SlotTable("ss_send_publication_t", "publications",
                                             "publication_mask",
                                             network.ss_receiver_set_publications)

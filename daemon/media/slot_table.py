@@ -16,8 +16,9 @@ from slipstream.daemon.protocol.types import hash_table_slots
 
 
 class SlotTable:
-    """One such table of an ``ss_receiver_t``: its slots in fields ``slots_field`` and
-    ``mask_field`` of the receiver, of C type ``entry_type *``, filled by ``fill``."""
+    """One such table of one ``ss_receiver_t``: its slots in fields ``slots_field`` and
+    ``mask_field`` of that receiver, of C type ``entry_type *``, filled by ``fill``; the
+    first :meth:`load` makes them."""
 
     def __init__(self, entry_type: str, slots_field: str, mask_field: str,
                  fill: Callable[[Any, Any, int], int]) -> None:
@@ -26,14 +27,16 @@ class SlotTable:
         self._mask_field = mask_field
         self._fill = fill
         self._slots: Any = network_ffi.NULL  # kept alive here while the receiver points at it
+        self._slot_count = 0
 
     def load(self, receiver: Any, entries: list[Any]) -> None:
         """Point ``receiver``'s table at ``entries`` (their C structs) alone, growing or
         shrinking its slots to fit.  Raises AssertionError when a (session, stream) repeats:
         the callers keep them unique, so that is a bug."""
         slots = hash_table_slots(len(entries))
-        if slots != getattr(receiver, self._mask_field) + 1:
+        if slots != self._slot_count:
             self._slots = network_ffi.new(self._pointer_array, slots)
+            self._slot_count = slots
             setattr(receiver, self._slots_field, self._slots)
             setattr(receiver, self._mask_field, slots - 1)
         table = network_ffi.new(self._pointer_array, entries or 1)

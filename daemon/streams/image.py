@@ -569,6 +569,15 @@ class PublicationImage(OfOneLog):
                                                                      self.window)
 
     # -- the receiver thread's: loss -------------------------------------------------------
+    def missed_before_join(self, left_at: int) -> None:
+        """This image follows one of its session that was left behind and went when the
+        sender was at ``left_at`` (its lost range's end): the sender went on until this image
+        joined, so what lies between was lost too, and the loss report counts it as a gap of
+        this image's (docs/FLOW.md)."""
+        missed = self.join_position - left_at
+        if missed > 0 and self._loss_entry is not None:
+            self._loss_entry.record(missed)
+
     def _on_loss(self, term_id: int, term_offset: int, length: int) -> None:
         if self.left_behind is not None:
             return  # what it lacks is gone from the sender: asking again would be in vain
@@ -785,15 +794,6 @@ class PublicationImage(OfOneLog):
         self.log.end_of_stream_position = rcv_pos
         self.c.overrun_threshold = min(self.c.overrun_threshold, rcv_pos)  # take no more
         self.log.signal_readers()
-
-    def missed_before_join(self, left_at: int) -> None:
-        """This image follows one of its session that was left behind and went when the
-        sender was at ``left_at`` (its lost range's end): the sender went on until this image
-        joined, so what lies between was lost too, and the loss report counts it as a gap of
-        this image's (docs/FLOW.md)."""
-        missed = self.join_position - left_at
-        if missed > 0 and self._loss_entry is not None:
-            self._loss_entry.record(missed)
 
     def _extend_left_behind(self) -> None:
         """As the image goes: the sender went on while its subscribers read what it had, so

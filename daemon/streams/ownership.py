@@ -239,6 +239,7 @@ IMAGE_THREADS: dict[str, str] = _owned(
         subscriber_count min_subscriber_position set_response_session attach_paths
         control_address control_datagrams datagrams_to_send due next_deadline_ns
         python_deadline_ns drop_connection end_without_subscribers leave on_rate_announce
+        missed_before_join
         on_rttm seed_connection sync_c_half status_interval_factor
         status_message_due_position status_message_timeout_ns last_sm_position
         liveness_timeout_ns group_tag is_group reliable receiver_id source""",

@@ -34,6 +34,7 @@ between deliveries, what a subscriber left behind was told it lost.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -55,7 +56,7 @@ from slipstream.daemon.reports.loss_report import read_loss_report
 from slipstream.sim.host import MESSAGE_HEADER, MESSAGE_TRAILER, SubscriberStats
 from slipstream.sim.network import LinkFaults
 from slipstream.sim.real.hosts import NamespaceHosts
-from slipstream.sim.report import Report, subscriber_fields
+from slipstream.sim.report import Report, rejoins, subscriber_fields
 from slipstream.sim.scenario import (
     UNICAST_PORT,
     Event,
@@ -130,13 +131,15 @@ class _Subscriber:
         self.client = client
         self.stats = stats
         self.read_rate = read_rate
+        # The client's conductor thread tells of images that go; this one reads the tallies.
+        self._tallies = threading.Lock()
         self.lost_ranges: list[tuple[int, int]] = []
-        #: Per image (by its correlation id, in the order the driver made them): its join
-        #: position and when this process first saw it (time.monotonic()).
-        self.joins: dict[int, tuple[int, float]] = {}
-        #: Per entry of ``lost_ranges``: the correlation id of the image that went with it,
-        #: and when.
-        self.left: list[tuple[int, float]] = []
+        #: Per image (by its correlation id, in the order the driver made them): its session,
+        #: join position and when this process first saw it (time.monotonic(), s); and per
+        #: entry of ``lost_ranges``, the image that went with it, its session and when
+        #: (sim/report.py's ``rejoins``).
+        self.joins: dict[int, tuple[int, int, float]] = {}
+        self.left: list[tuple[int, int, float]] = []
         self.images_lost = 0
         self.subscription = client.add_subscription(
             uri, stream_id, on_unavailable_image=self._on_unavailable_image)
@@ -147,28 +150,23 @@ class _Subscriber:
 
     def _note_join(self, image: Any) -> None:
         if image.correlation_id not in self.joins:
-            self.joins[image.correlation_id] = (image.join_position, time.monotonic())
+            with self._tallies:
+                self.joins[image.correlation_id] = (image.session_id, image.join_position,
+                                                    time.monotonic())
 
     def _on_unavailable_image(self, image: Any) -> None:  # on the client's conductor thread
         self._note_join(image)
-        self.images_lost += 1
-        if image.lost_range is not None:
-            self.left.append((image.correlation_id, time.monotonic()))
-            self.lost_ranges.append(image.lost_range)
+        with self._tallies:
+            self.images_lost += 1
+            if image.lost_range is not None:
+                self.left.append((image.correlation_id, image.session_id, time.monotonic()))
+                self.lost_ranges.append(image.lost_range)
 
-    def rejoins(self) -> list[tuple[int, float] | None]:
-        """Per entry of ``lost_ranges``: the join position of the image the driver made next,
-        and the seconds from the old image going to this process seeing the new one; None
-        when none came."""
-        found: list[tuple[int, float] | None] = []
-        for image, went_at in self.left:
-            following = sorted(i for i in self.joins if i > image)
-            if following:
-                join, seen_at = self.joins[following[0]]
-                found.append((join, seen_at - went_at))
-            else:
-                found.append(None)
-        return found
+    def tallies(self) -> tuple[int, list[tuple[int, int]], list[tuple[int, float] | None]]:
+        """What the report takes of this subscriber's images, at one instant: how many went,
+        the ranges those left behind lost, and how each rejoined (``Report.rejoins``)."""
+        with self._tallies:
+            return self.images_lost, list(self.lost_ranges), rejoins(self.left, self.joins)
 
     def poll(self, now: float) -> int:
         if self.crashed:
@@ -262,8 +260,8 @@ class _Run:
         self.hosts = hosts
         self.hold_pause_s = hold_pause_s
         #: Paused subscribers held until their driver leaves them behind: host -> (when the
-        #: pause began, its cap).
-        self._held: dict[int, tuple[float, float]] = {}
+        #: pause began, its cap, its driver's IMAGES_LEFT_BEHIND then).
+        self._held: dict[int, tuple[float, float, int]] = {}
         self._notes: list[str] = []
         self.sample_interval = sample_interval_ns / 1e9 if sample_interval_ns else None
         settings = _settings(scenario)
@@ -340,7 +338,7 @@ class _Run:
                 self.subscribers[index - 2].paused_until = now + (
                     event.end_ns - event.at_ns) / 1e9
                 if self.hold_pause_s:
-                    self._held[index] = (now, now + self.hold_pause_s)
+                    self._held[index] = (now, now + self.hold_pause_s, self._left_behind(index))
         elif event.action == "crash":
             for index in event.hosts:
                 self.subscribers[index - 2].crashed = True
@@ -352,14 +350,18 @@ class _Run:
                     if b not in side:
                         self.hosts.partition(a, b)
 
+    def _left_behind(self, index: int) -> int:
+        """Host ``index``'s driver's IMAGES_LEFT_BEHIND."""
+        return self.counters[index - 1].get(SystemCounter.IMAGES_LEFT_BEHIND.value)
+
     def _hold_pauses(self, now: float) -> None:
         """Keep each held subscriber paused until its driver left it behind, or its cap."""
-        for index, (began, cap) in list(self._held.items()):
+        for index, (began, cap, before) in list(self._held.items()):
             sub = self.subscribers[index - 2]
-            left = self.counters[index - 1].get(SystemCounter.IMAGES_LEFT_BEHIND.value)
-            if left or sub.lost_ranges or now >= cap:
+            left = self._left_behind(index) > before
+            if left or now >= cap:
                 del self._held[index]
-                how = "left behind" if left or sub.lost_ranges else "not left behind"
+                how = "left behind" if left else "not left behind"
                 self._notes.append(f"host {index}: paused {now - began:.2f} s, {how}")
             else:
                 sub.paused_until = max(sub.paused_until, now + 0.001)
@@ -429,6 +431,7 @@ class _Run:
     def _report(self, completed: bool, wall: float) -> Report:
         ranges = [(1, 0, self.sent)]
         stats = [sub.stats for sub in self.subscribers]
+        tallies = [sub.tallies() for sub in self.subscribers]
         counters = {}
         for index in range(1, len(self.drivers) + 1):
             if index > 1 and self.subscribers[index - 2].crashed:
@@ -439,8 +442,8 @@ class _Run:
         return Report(
             sent=self.sent,
             **subscriber_fields(stats, ranges),
-            lost_ranges=[sub.lost_ranges for sub in self.subscribers],
-            rejoins=[sub.rejoins() for sub in self.subscribers],
+            lost_ranges=[lost for _, lost, _ in tallies],
+            rejoins=[rejoined for _, _, rejoined in tallies],
             notes=self._notes,
             naks=sum(c.get("NAK_MESSAGES_SENT", 0) for ip, c in counters.items()
                      if ip != self.hosts[1].address),
@@ -450,7 +453,7 @@ class _Run:
             goodput=sum(s.delivered_bytes for s in stats) / max(1, len(stats)) / wall,
             completed=completed,
             subscribers=[self.hosts[sub.index].address for sub in self.subscribers],
-            images_lost=[sub.images_lost for sub in self.subscribers],
+            images_lost=[lost for lost, _, _ in tallies],
             counters=counters,
             samples=self.samples,
             limits=self.limits,
