@@ -303,15 +303,80 @@ def runnable_s(*, all_threads: bool = False, pid: int | None = None) -> float:
     return sum(on_cpu + waiting for on_cpu, waiting, _ in _schedstats(all_threads, pid))
 
 
-def cpu_wait_s(pid: int, thread: str) -> float:
-    """Seconds the thread named ``thread`` (its ``comm``) of process ``pid`` has waited for
-    a CPU while runnable (``schedstat``'s second field; 0.0 when it has none, or ended):
-    what a loaded machine made it wait, told apart from what it waited on itself."""
+def cpu_wait_s(pid: int, thread: str | None = None) -> float:
+    """Seconds a thread of process ``pid`` has waited for a CPU while runnable
+    (``schedstat``'s second field): the one named ``thread`` (its ``comm``), or with None
+    the main thread.  What a loaded machine made it wait, told apart from what it waited on
+    itself.  LookupError when there is no such thread."""
+    if thread is None:
+        return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[1]) / 1e9
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(OSError):  # a thread that ended meanwhile
             if (task / "comm").read_text().strip() == thread:
                 return int((task / "schedstat").read_text().split()[1]) / 1e9
-    return 0.0
+    raise LookupError(f"process {pid} has no thread named {thread}")
+
+
+#: A thread to watch for waits for a CPU: (process id, thread name, or None: the main thread).
+WatchedThread = tuple[int, "str | None"]
+
+
+class CpuWaits:
+    """How long ``threads`` waited for a CPU, sampled every ``interval`` s on a thread of its
+    own while the block runs (``with CpuWaits(...) as waits``).  On a loaded machine a
+    stalled stream or an old heartbeat may be the scheduler's: :meth:`within` says how much
+    of a span it was, so that a bound holds the drivers to the rest.  A thread that is not
+    there (yet: a driver starts its log maker's at its first image log) counts from when it
+    is."""
+
+    def __init__(self, threads: list[WatchedThread], interval: float = 0.01) -> None:
+        self.threads = list(dict.fromkeys(threads))
+        self.interval = interval
+        self._samples: list[tuple[float, dict[WatchedThread, float | None]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-waits", daemon=True)
+
+    def start(self) -> CpuWaits:
+        """Sample from now on (what ``with`` does first)."""
+        self._sample()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Sample once more, then no more (what ``with`` does last)."""
+        self._stop.set()
+        self._thread.join(5)
+        self._sample()
+
+    def __enter__(self) -> CpuWaits:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _sample(self) -> None:
+        waits: dict[WatchedThread, float | None] = {}
+        for thread in self.threads:
+            try:
+                waits[thread] = cpu_wait_s(*thread)
+            except (LookupError, OSError):  # not there (yet), or its process ended
+                waits[thread] = None
+        self._samples.append((time.monotonic(), waits))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def within(self, threads: list[WatchedThread], start: float, end: float) -> float:
+        """The longest any of ``threads`` waited for a CPU between ``start`` and ``end``
+        (monotonic s), as far as the samples in that span tell (0.0 with fewer than two)."""
+        inside = [waits for t, waits in list(self._samples) if start <= t <= end]
+        longest = 0.0
+        for thread in threads:
+            seen = [waits[thread] for waits in inside if waits[thread] is not None]
+            if len(seen) >= 2:
+                longest = max(longest, seen[-1] - seen[0])
+        return longest
 
 
 def timeslices(pid: int) -> int:

@@ -29,8 +29,8 @@ _HEADER = struct.Struct("<5sq")
 class StreamReport:
     """What the subscriber saw: ``received`` in order, ``duplicates``, ``out_of_order``,
     ``forged`` (messages that were not the publisher's), the publisher's ``offered`` and
-    ``not_connected`` offers, the highest driver heartbeat age seen by each side (s), and the
-    messages delivered per 100 ms."""
+    ``not_connected`` offers, the highest driver heartbeat age seen by each side (s) and when
+    (monotonic s), and the messages delivered per 100 ms."""
 
     offered: int
     not_connected: int
@@ -40,6 +40,8 @@ class StreamReport:
     forged: int
     subscriber_heartbeat_age_s: float
     publisher_heartbeat_age_s: float
+    subscriber_heartbeat_seen_s: float
+    publisher_heartbeat_seen_s: float
     buckets: list[int]
     #: How long before the publisher began the subscriber began counting (s).
     lead_s: float
@@ -56,6 +58,19 @@ class StreamReport:
         which no message was delivered (s, in whole 100 ms buckets; a stream that flows shows
         0.1).  A bucket the subscriber's loop did not reach counts as no delivery."""
         return self.longest_stall(start_s, end_s)[0]
+
+    def heartbeat_ages_less_cpu_waits(self, waits: Any, publisher_conductor: Any,
+                                      subscriber_conductor: Any) -> tuple[float, float]:
+        """The highest heartbeat age each side saw (publisher, subscriber; s), less the time
+        its driver's conductor (``*_conductor``: a helpers.CpuWaits thread) waited for a CPU
+        while it grew (``waits``)."""
+        return tuple(  # type: ignore[return-value]
+            age - waits.within([conductor], seen - age, seen)
+            for age, seen, conductor in (
+                (self.publisher_heartbeat_age_s, self.publisher_heartbeat_seen_s,
+                 publisher_conductor),
+                (self.subscriber_heartbeat_age_s, self.subscriber_heartbeat_seen_s,
+                 subscriber_conductor)))
 
     def longest_stall(self, start_s: float, end_s: float) -> tuple[float, float]:
         """:meth:`longest_stall_s`, and when it began (s after the publisher began)."""
@@ -85,14 +100,16 @@ def _publisher(directory: str, channel: str, stream_id: int, rate: float, second
         go.wait(60)
         start = time.monotonic()
         sent = not_connected = 0
-        worst = 0.0
+        worst, worst_at = 0.0, 0.0
         message = bytearray(SIZE)
         while (now := time.monotonic()) - start < seconds:
             due = start + sent / rate
             if due > now:
                 time.sleep(min(due - now, 0.001))
                 beat = client.counters.driver_heartbeat_ns
-                worst = max(worst, (time.time_ns() - beat) / 1e9 if beat else 0.0)
+                age = (time.time_ns() - beat) / 1e9 if beat else 0.0
+                if age > worst:
+                    worst, worst_at = age, time.monotonic()
                 continue
             _HEADER.pack_into(message, 0, MAGIC, sent)
             result = publication.offer(message)
@@ -102,7 +119,7 @@ def _publisher(directory: str, channel: str, stream_id: int, rate: float, second
                 not_connected += 1
                 time.sleep(0.0005)
         out[0], out[1] = sent, not_connected
-        out[2] = int(worst * 1e6)
+        out[2], out[3] = int(worst * 1e6), int(worst_at * 1e6)
         # Kept open a while: the receiver may still need retransmissions.
         time.sleep(2.0)
 
@@ -133,7 +150,7 @@ def _subscriber(directory: str, channel: str, stream_id: int, out: Any, buckets:
         ready.set()
         start = time.monotonic()
         out[5] = time.monotonic_ns()
-        worst = 0.0
+        worst, worst_at = 0.0, 0.0
         while not stop.is_set():
             subscription.poll(handler, 256)
             now = time.monotonic()
@@ -142,11 +159,13 @@ def _subscriber(directory: str, channel: str, stream_id: int, out: Any, buckets:
                 buckets[index] = state["received"]
             out[0] = state["received"]
             beat = client.counters.driver_heartbeat_ns
-            worst = max(worst, (time.time_ns() - beat) / 1e9 if beat else 0.0)
+            age = (time.time_ns() - beat) / 1e9 if beat else 0.0
+            if age > worst:
+                worst, worst_at = age, time.monotonic()
             time.sleep(0.0002)
         out[0], out[1], out[2], out[3] = (state["received"], state["duplicates"],
                                           state["out_of_order"], state["forged"])
-        out[4] = int(worst * 1e6)
+        out[4], out[6] = int(worst * 1e6), int(worst_at * 1e6)
 
 
 class LegitStream:
@@ -159,8 +178,8 @@ class LegitStream:
                  subscription: str, stream_id: int, *, rate: float = 2000,
                  seconds: float = 10.0, drain_s: float = 4.0) -> None:
         ctx = multiprocessing.get_context("fork")
-        self._pub_out = ctx.Array("q", 3)
-        self._sub_out = ctx.Array("q", 6)
+        self._pub_out = ctx.Array("q", 4)
+        self._sub_out = ctx.Array("q", 7)
         self._buckets = ctx.Array("q", int((seconds + drain_s + 30) * 10))
         sub_ready, self._pub_ready, self._go = ctx.Event(), ctx.Event(), ctx.Event()
         self._stop = ctx.Event()
@@ -209,6 +228,8 @@ class LegitStream:
             out_of_order=self._sub_out[2], forged=self._sub_out[3],
             subscriber_heartbeat_age_s=self._sub_out[4] / 1e6,
             publisher_heartbeat_age_s=self._pub_out[2] / 1e6,
+            subscriber_heartbeat_seen_s=self._sub_out[6] / 1e6,
+            publisher_heartbeat_seen_s=self._pub_out[3] / 1e6,
             buckets=list(self._buckets), lead_s=(self._began_ns - self._sub_out[5]) / 1e9)
 
 
