@@ -206,8 +206,10 @@ def _modes_with_a_log(accounts: Accounts, installed_venv, directory: Path) -> di
     assert json.loads(subscriber.stdout.readline()).get("ready")
     publisher = _client(installed_venv, accounts.primary, "publish", directory, "aeron:ipc", 1)
     try:
+        # A process that starts its interpreter first: seconds on a loaded machine (niced,
+        # beside a CPU hog, over 5 s).
         wait_for(lambda: any((directory / control.PUBLICATIONS_DIR).iterdir()),
-                 what="the IPC log")
+                 timeout=60, what="the IPC log")
         modes = {}
         for path in [directory, *directory.iterdir(),
                      *(directory / control.PUBLICATIONS_DIR).iterdir()]:

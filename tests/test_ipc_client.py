@@ -4,6 +4,7 @@ subscription, session ids, handlers that close their client, forked children."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
 import subprocess
@@ -99,12 +100,19 @@ def test_a_loop_that_retries_at_once_parks_after_the_clients_spins(
             "poll_batch": (lambda: subscription.poll_batch(), lambda: subscription._idle.waits),
         }
         spent = {}
-        for name, (call, waits) in loops.items():
-            wall, slept, waited = time.monotonic(), voluntary_switches(), waits()
-            for _ in range(misses):
-                assert call() in (NOT_CONNECTED, 0, None), name
-            spent[name] = (time.monotonic() - wall, voluntary_switches() - slept,
-                           waits() - waited)
+
+        def miss_each() -> None:
+            for name, (call, waits) in loops.items():
+                wall, slept, waited = time.monotonic(), voluntary_switches(), waits()
+                for _ in range(misses):
+                    assert call() in (NOT_CONNECTED, 0, None), name
+                spent[name] = (time.monotonic() - wall, voluntary_switches() - slept,
+                               waits() - waited)
+
+        # On a thread of its own: the count of calls that did nothing is the thread's, and
+        # this one's would go on from what an earlier test's calls left it.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(miss_each).result()
         # Credit starts the count again: the next misses spin first.
         peer = client.add_subscription(IPC_CHANNEL, 1019)
         wait_for(lambda: publication.is_connected, timeout=5, what="connected")
@@ -128,8 +136,10 @@ def test_a_loop_that_retries_at_once_parks_after_the_clients_spins(
         assert waits == misses - (spins if name == "offer" else 0), name
         assert wall >= waits * IDLE_PARK_NS / 1e9 * 0.9, (name, wall)
         # Each wait is a sleep, not a spin or a yield for its IDLE_PARK_NS (neither of which
-        # is a voluntary switch), however loaded the machine.
-        assert slept >= waits, (name, slept, waits)
+        # is a voluntary switch), however loaded the machine; but a park on an eventcount the
+        # driver bumped just before returns at once, without sleeping (183 of 184 beside a
+        # CPU hog): nearly all, where spinning or yielding would give none.
+        assert slept >= 0.9 * waits, (name, slept, waits)
 
 
 def test_a_loop_serving_two_streams_waits_only_when_neither_has_work(

@@ -174,7 +174,9 @@ def test_a_lossy_link_and_a_paused_receiver_under_each_answer(needs_hosts, chann
         assert report.exactly_once_in_order, text
         assert min(gaps) > 1000 * MS, report.longest_gaps_ns
     else:  # the others never stop; host 3 is left behind, told, and goes on
-        assert max(gaps) < 500 * MS, report.longest_gaps_ns
+        # Under half the pause: nobody waited for host 3 (under min each gap is longer than
+        # that, above; a subscriber descheduled beside a CPU hog showed 844 ms).
+        assert max(gaps) < (PAUSE.end_ns - PAUSE.at_ns) / 2, report.longest_gaps_ns
         assert at(report.lost_ranges, PAUSED), text
         assert counters(report, PAUSED)["IMAGES_LEFT_BEHIND"] >= 1
     if channel == "rc=nak-strength":
