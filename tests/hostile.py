@@ -34,6 +34,8 @@ class StreamReport:
 
     offered: int
     not_connected: int
+    #: When the first and the last of them came (monotonic s; 0.0 without any).
+    not_connected_s: tuple[float, float]
     received: int
     duplicates: int
     out_of_order: int
@@ -117,6 +119,9 @@ def _publisher(directory: str, channel: str, stream_id: int, rate: float, second
                 sent += 1
             elif result == NOT_CONNECTED:
                 not_connected += 1
+                out[5] = int(now * 1e6)
+                if not out[4]:
+                    out[4] = out[5]
                 time.sleep(0.0005)
         out[0], out[1] = sent, not_connected
         out[2], out[3] = int(worst * 1e6), int(worst_at * 1e6)
@@ -178,7 +183,7 @@ class LegitStream:
                  subscription: str, stream_id: int, *, rate: float = 2000,
                  seconds: float = 10.0, drain_s: float = 4.0) -> None:
         ctx = multiprocessing.get_context("fork")
-        self._pub_out = ctx.Array("q", 4)
+        self._pub_out = ctx.Array("q", 6)
         self._sub_out = ctx.Array("q", 7)
         self._buckets = ctx.Array("q", int((seconds + drain_s + 30) * 10))
         sub_ready, self._pub_ready, self._go = ctx.Event(), ctx.Event(), ctx.Event()
@@ -224,6 +229,7 @@ class LegitStream:
                                      f"{process.exitcode} (its driver lost?)")
         return StreamReport(
             offered=self._pub_out[0], not_connected=self._pub_out[1],
+            not_connected_s=(self._pub_out[4] / 1e6, self._pub_out[5] / 1e6),
             received=self._sub_out[0], duplicates=self._sub_out[1],
             out_of_order=self._sub_out[2], forged=self._sub_out[3],
             subscriber_heartbeat_age_s=self._sub_out[4] / 1e6,

@@ -157,7 +157,13 @@ def test_an_encrypted_stream_delivers_every_message_once_through_every_attack(
     assert report.forged == 0
     assert report.duplicates == 0 and report.out_of_order == 0
     assert report.received == report.offered, (report.received, report.offered)
-    assert report.not_connected == 0
+    first_nc, last_nc = report.not_connected_s
+    assert report.not_connected == 0, (
+        f"{report.not_connected} offers not connected, {first_nc - began:.1f} to "
+        f"{last_nc - began:.1f} s in; the network threads waited "
+        f"{waits.within(data_path, first_nc - CONNECTION_TIMEOUT_S, first_nc):.1f} s for a "
+        f"CPU in the connection timeout before; the attacks (name, began, ended, s): "
+        f"{windows}")
     assert report.offered >= 0.97 * RATE * STREAM_S
     # The stream flowed through every attack: no stall its publisher would take for a lost
     # receiver, but for the drivers' waits for a CPU.  Its rate under each attack against
