@@ -13,11 +13,18 @@ from __future__ import annotations
 import pytest
 
 from slipstream.client.counters import SystemCounter
+from slipstream.daemon.pressure.governor import STATUS_INTERVAL_FACTOR
 from slipstream.daemon.reports.loss_report import read_loss_report
 from slipstream.sim.network import LinkFaults
 from slipstream.sim.report import Report
 from slipstream.sim.runner import Simulation
-from slipstream.sim.scenario import Event, Scenario, ScenarioError, scenario_from_mapping
+from slipstream.sim.scenario import (
+    Event,
+    LinkOverride,
+    Scenario,
+    ScenarioError,
+    scenario_from_mapping,
+)
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -186,6 +193,35 @@ def test_a_subscriber_paused_for_two_seconds_stops_everyone_under_min() -> None:
     report, _ = run("fc=min", messages=20_000, events=[PAUSE], publish_rate=10_000)
     assert report.exactly_once_in_order, report.format_text()
     assert min(fast(report.longest_gaps_ns)) > 1500 * MS  # until it reads again
+
+
+def test_under_min_a_paused_subscriber_at_the_governors_step_2_still_holds_the_sender() -> None:
+    """The governor's step 2 widens a receiver's keepalive status messages, but no further
+    than a fifth of the shortest sender timeout its driver knows of: here every driver's
+    publication connection and min flow-control receiver timeouts are 1 s, so a paused
+    subscriber's driver at step 2 (for the whole run) still says where it is every 200 ms,
+    and a fifth of them lost on the way changes nothing: the sender waits for it, and it
+    loses nothing.  Widened four times (800 ms), one keepalive lost let min flow control
+    forget it: the sender ran on and left it behind."""
+    scenario = Scenario(hosts=3, messages=20_000, seed=7, channel_params="fc=min|term-length=1m",
+                        publish_rate=10_000, max_virtual_ns=30 * S,
+                        faults=LinkFaults(delay_ms=0.5),
+                        links=(LinkOverride(SLOW_HOST, 1, LinkFaults(delay_ms=0.5, loss=0.2)),),
+                        events=(PAUSE,),
+                        settings={"publication_connection_timeout": "1s",
+                                  "flow_control_receiver_timeout": "1s"})
+    with Simulation(scenario) as sim:
+        sim.run_until(1_000_000, stop_when_complete=False)  # the drivers started
+        paused = sim.host(SLOW_HOST)
+        paused.driver.network.receiver.set_pressure_step(2)
+        report = sim.run()
+        channels = [e.channel for e in paused.driver.network.receiver.endpoints]
+    assert channels and all(c.status_interval_factor == STATUS_INTERVAL_FACTOR
+                            for c in channels)
+    assert report.exactly_once_in_order, report.format_text()
+    assert not any(report.lost_ranges), report.lost_ranges
+    assert report.counters[f"10.0.0.{SLOW_HOST}"].get("IMAGES_LEFT_BEHIND", 0) == 0
+    assert min(report.longest_gaps_ns) > 1500 * MS  # everyone waited for it
 
 
 def test_under_nak_strength_the_others_never_see_the_stream_stop_while_one_pauses() -> None:

@@ -31,7 +31,9 @@ step  what the driver does                enter at    leave at    loses anything
 1     coalesce: new data short of a       > 0.2       < 0.1       no (latency)
       datagram waits up to COALESCE_NS
 2     widen the status-message interval   > 0.4       < 0.3       no
-      (status_message_timeout x 4)
+      (status_message_timeout x 4, at
+      most a fifth of a sender timeout:
+      widest_status_interval_ns)
 3     defer the lowest band (priority <   > 0.8 for   < 0.6       no: its data waits in
       0): it gets no turn in the sender   3 samples               the log
 4     refuse its offers: its pub-lmt      > 0.95 for  < 0.8       no: offers see
@@ -68,8 +70,30 @@ LAG_FLOOR_NS = 1_000_000
 LAG_MAX_AGE_NS = 200_000_000
 #: How long step 1 lets new data short of a datagram wait for more.
 COALESCE_NS = 200_000
-#: Step 2: the status-message interval is multiplied by this.
+#: Step 2: the status-message interval is multiplied by this, up to
+#: :func:`widest_status_interval_ns`.
 STATUS_INTERVAL_FACTOR = 4
+#: How many status messages a receiver still sends within the shortest sender timeout it is
+#: configured with, at any step: the number the defaults give at step 0 against a sender with
+#: one-second timeouts (200 ms against 1 s).  A keepalive status message is what keeps a
+#: receiver in its sender's min or tagged flow control and the publication connected; one
+#: lost or late among keepalives widened past this, and a receiver that has not read since it
+#: joined (a replay merge's live image) is dropped from min flow control, the sender runs on,
+#: and it is left behind: a loss, which no step of the ladder may cost.
+KEEPALIVES_PER_SENDER_TIMEOUT = 5
+
+
+def widest_status_interval_ns(status_message_timeout_ns: int,
+                              sender_timeouts_ns: tuple[int, ...]) -> int:
+    """The longest interval between a receiver's keepalive status messages that step 2 may
+    widen to, ns: a :data:`KEEPALIVES_PER_SENDER_TIMEOUT`-th of the shortest of
+    ``sender_timeouts_ns`` (the receiving driver's own ``publication_connection_timeout`` and
+    ``flow_control_receiver_timeout``: a sender configured as its receivers are hears from
+    each often enough), never below ``status_message_timeout_ns``.  A sender whose channel
+    sets a shorter ``t:`` than its receivers' drivers know of is not covered: the receiver
+    cannot see it."""
+    return max(status_message_timeout_ns,
+               min(sender_timeouts_ns) // KEEPALIVES_PER_SENDER_TIMEOUT)
 TOP_STEP = 4
 
 

@@ -94,6 +94,7 @@ from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow.rate_control import NakStrengthSignaller
 from slipstream.daemon.flow.registry import congestion_control_for
+from slipstream.daemon.pressure.governor import widest_status_interval_ns
 from slipstream.daemon.protocol.log_cleaner import LogCleaner
 from slipstream.daemon.protocol.loss_detector import (
     LossDetector,
@@ -274,6 +275,9 @@ class PublicationImage(OfOneLog):
         # The status-message rules' intervals: the timer's, and the catch-up rule's (a tagged
         # image's, ss_image_catch_up_due); their state is set below.
         c.sm_interval_ns = self.status_message_timeout_ns
+        self._widest_sm_interval_ns = widest_status_interval_ns(
+            self.status_message_timeout_ns, (settings.publication_connection_timeout,
+                                             settings.flow_control_receiver_timeout))
         self._catch_up_interval_ns = settings.status_message_catch_up_interval
         c.sm_catch_up_interval_ns = self._catch_up_interval_ns
         c.window = self.window
@@ -465,13 +469,15 @@ class PublicationImage(OfOneLog):
 
     @property
     def status_interval_factor(self) -> int:
-        """The pressure governor's multiple of the status-message interval (step 2)."""
+        """The pressure governor's multiple of the status-message interval (step 2); the
+        keepalive interval widens no further than ``widest_status_interval_ns``."""
         return self._status_interval_factor
 
     @status_interval_factor.setter
     def status_interval_factor(self, factor: int) -> None:
         self._status_interval_factor = factor
-        self.c.sm_interval_ns = self.status_message_timeout_ns * factor
+        self.c.sm_interval_ns = min(self.status_message_timeout_ns * factor,
+                                    self._widest_sm_interval_ns)
         self.c.sm_catch_up_interval_ns = self._catch_up_interval_ns * factor
 
     def _sends_sm_in_c(self) -> bool:
