@@ -274,6 +274,9 @@ class SystemCounter(enum.IntEnum):
     # endpoints the network threads' duty cycles read (one or more recvmmsg calls each): with
     # many endpoints a cycle reads those epoll finds readable, not every one
     NETWORK_ENDPOINT_READS = 82
+    # of GOVERNOR_CLIMBS, those the network threads' duty-cycle lag led: the machine too busy
+    # to run them when their timers rang, not the driver's own send backlog or busy threads
+    GOVERNOR_LAG_CLIMBS = 83
 
     @property
     def label(self) -> str:

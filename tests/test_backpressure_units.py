@@ -137,6 +137,19 @@ def test_the_ladder_climbs_one_step_a_sample_and_the_top_steps_need_sustained_pr
     assert governor.descents == 4
 
 
+def test_a_climb_is_the_lags_only_where_the_lag_is_the_largest_signal() -> None:
+    """GOVERNOR_LAG_CLIMBS counts the climbs the machine's lateness led, not those of the
+    driver's own send backlog or busy threads (a busy ratio counts half)."""
+    from slipstream.daemon.pressure.governor import LAG_CEILING_NS, LAG_FLOOR_NS, is_lag_led
+
+    half_lag_ns = (LAG_FLOOR_NS + LAG_CEILING_NS) / 2  # a lag signal of 0.5
+    assert is_lag_led(0.0, half_lag_ns, 0.0)
+    assert is_lag_led(0.5, half_lag_ns, 0.9)  # a tie is the lag's; busy 0.9 counts 0.45
+    assert not is_lag_led(0.6, half_lag_ns, 0.0)
+    assert not is_lag_led(0.0, half_lag_ns, 1.2)
+    assert not is_lag_led(0.3, 0, 0.0)  # no lag at all
+
+
 def test_a_calm_governor_samples_once_a_second_and_any_pressure_brings_back_100_ms() -> None:
     from slipstream.daemon.pressure.governor import (
         CALM_SAMPLE_INTERVAL_NS,

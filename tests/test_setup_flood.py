@@ -34,6 +34,7 @@ from slipstream.client.layout import (
     PARTITION_COUNT,
     SESSION_ID_FIELD,
     SM_SEND_SETUP_FLAG,
+    TERM_MIN_LENGTH,
 )
 from slipstream.client.logbuffer import compute_log_length, term_length_of_file
 from slipstream.client.publication import ExclusivePublication
@@ -250,13 +251,21 @@ def _logs_not_attached(driver: MediaDriver) -> set[str]:
     for path in image_logs(driver):
         try:
             with path.open("rb") as log_file:
+                size = os.fstat(log_file.fileno()).st_size
+                if size < compute_log_length(TERM_MIN_LENGTH):
+                    pending.add(path.name)  # made, not sized yet: being made
+                    continue
                 # Its metadata is written first: the session, or zeros just before.
-                term_length = term_length_of_file(os.fstat(log_file.fileno()).st_size)
+                term_length = term_length_of_file(size)
                 log_file.seek(PARTITION_COUNT * term_length + META_DEFAULT_FRAME_HEADER
                               + SESSION_ID_FIELD)
-                [session_id] = struct.unpack("<i", log_file.read(4))
+                field = log_file.read(4)
         except FileNotFoundError:
             continue
+        if len(field) < 4:  # still growing to its length: being made
+            pending.add(path.name)
+            continue
+        [session_id] = struct.unpack("<i", field)
         if session_id not in attached:
             pending.add(path.name)
     return pending

@@ -98,8 +98,11 @@ def test_a_conductor_holding_the_gil_is_no_pressure_on_a_ping_pong(launch) -> No
     5k round trips a second moves through the C loops, which need no GIL, and the ladder
     stays at the bottom (the conductor's own lateness had read as pressure, held the ladder
     at steps 3-4 and coalesced every ping for 200 µs; a loop that yields its CPU between
-    short cycles had read as busy and climbed 3 times in 3 s).  One climb in each 3 s is
-    allowed: a timed wake-up the shared two cores ran 15 ms late is real lag."""
+    short cycles had read as busy and climbed 3 times in 3 s).  One climb in each 3 s that
+    the duty-cycle lag did not lead is allowed: a timed wake-up the shared two cores ran
+    15 ms late is real lag.  Those the lag led are the machine's (beside a CPU hog, 10 in
+    12 s), which the governor is there to see: the network threads' timed wake-ups, which
+    the C loops take, no GIL held."""
     ping_uri, pong_uri = (f"aeron:udp?endpoint=127.0.0.1:{free_port()}" for _ in range(2))
     a, b = (launch(debug_conductor_gil_hold="20ms") for _ in range(2))
     with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
@@ -134,7 +137,8 @@ def test_a_conductor_holding_the_gil_is_no_pressure_on_a_ping_pong(launch) -> No
             rounds += 1
         elapsed = time.monotonic() - (end - 3.0)
     for counters in (counters_of(a), counters_of(b)):
-        assert counters["GOVERNOR_CLIMBS"] <= max(1, int(elapsed / 3.0)), (elapsed, counters)
+        own = counters["GOVERNOR_CLIMBS"] - counters["GOVERNOR_LAG_CLIMBS"]
+        assert own <= max(1, int(elapsed / 3.0)), (elapsed, counters)
         assert counters["GOVERNOR_STEP"] == 0 and counters["GOVERNOR_PRESSURE"] < 200, counters
 
 

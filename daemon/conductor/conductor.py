@@ -72,7 +72,12 @@ from slipstream.daemon.pressure.episodes import (
     EPISODE_SAMPLE_INTERVAL_NS,
     watermarks_of,
 )
-from slipstream.daemon.pressure.governor import SAMPLE_INTERVAL_NS, PressureGovernor, pressure_of
+from slipstream.daemon.pressure.governor import (
+    SAMPLE_INTERVAL_NS,
+    PressureGovernor,
+    is_lag_led,
+    pressure_of,
+)
 from slipstream.daemon.protocol.params import PublicationParams
 
 log = logging.getLogger("slipstream.driver")
@@ -797,6 +802,8 @@ class DriverConductor:
         if change > 0:
             counters.add(SystemCounter.GOVERNOR_CLIMBS)
             counters.add(_STEP_COUNTERS[governor.step])
+            if is_lag_led(backlog, self.network_lag_ns, busy):
+                counters.add(SystemCounter.GOVERNOR_LAG_CLIMBS)
         else:
             counters.add(SystemCounter.GOVERNOR_DESCENTS)
         log.info("pressure %.2f (send backlog %.2f, cycle lag %.1f ms, busy %.2f): the governor "

@@ -40,8 +40,9 @@ step  what the driver does                enter at    leave at    loses anything
       stays where the producer is         3 samples               BACK_PRESSURED
 ====  ==================================  ==========  ==========  =======================
 
-Each step's entries, the climbs and descents, the step and the pressure (per mille) are system
-counters.  Sans-I/O: :meth:`PressureGovernor.sample` takes the signals and ``now``.
+Each step's entries, the climbs and descents (and of the climbs, those the lag led), the step
+and the pressure (per mille) are system counters.  Sans-I/O: :meth:`PressureGovernor.sample`
+takes the signals and ``now``.
 """
 
 from __future__ import annotations
@@ -122,10 +123,20 @@ def recent_lag_ns(lag_ns: int, sampled_ns: int, now_ns: int) -> int:
     return lag_ns if now_ns - sampled_ns <= LAG_MAX_AGE_NS else 0
 
 
+def _lag_share(lag_ns: float) -> float:
+    return (lag_ns - LAG_FLOOR_NS) / (LAG_CEILING_NS - LAG_FLOOR_NS)
+
+
 def pressure_of(backlog: float, lag_ns: float, busy: float) -> float:
     """One pressure in [0, 1] from the three signals (module doc)."""
-    lag = (lag_ns - LAG_FLOOR_NS) / (LAG_CEILING_NS - LAG_FLOOR_NS)
-    return max(0.0, min(1.0, max(backlog, lag, busy / 2)))
+    return max(0.0, min(1.0, max(backlog, _lag_share(lag_ns), busy / 2)))
+
+
+def is_lag_led(backlog: float, lag_ns: float, busy: float) -> bool:
+    """Whether the duty-cycle lag is the largest of the three signals (or ties it): a climb
+    it leads is the machine's, too busy to run the network threads when their timers ring,
+    not the driver's own load (``GOVERNOR_LAG_CLIMBS``)."""
+    return _lag_share(lag_ns) >= max(backlog, busy / 2)
 
 
 class PressureGovernor:
