@@ -182,7 +182,7 @@ class SystemCounter(enum.IntEnum):
     GOVERNOR_CLIMBS = 39  # steps up the ladder
     GOVERNOR_DESCENTS = 40  # steps down
     GOVERNOR_COALESCING = 41  # times step 1 (coalesce) was entered
-    GOVERNOR_STATUS_WIDENED = 42  # times step 2 (status-message interval x 4) was entered
+    GOVERNOR_STATUS_WIDENED = 42  # times step 2 (status-message interval widened) was entered
     GOVERNOR_LOWEST_DEFERRED = 43  # times step 3 (the lowest band deferred) was entered
     GOVERNOR_LOWEST_REFUSED = 44  # times step 4 (the lowest band's offers refused) was entered
     NETWORK_BUSY_NS = 45  # time the network threads spent in duty cycles that did work, ns

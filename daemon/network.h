@@ -710,7 +710,8 @@ typedef struct {
     int64_t receiver_id;
     int64_t sm_position;
     int64_t sm_deadline_ns;
-    int64_t sm_interval_ns;       /* status_message_timeout x the governor's factor */
+    int64_t sm_interval_ns;       /* status_message_timeout x the governor's factor, at most
+                                   * widest_status_interval_ns (daemon/pressure/governor.py) */
     /* The catch-up rule (ss_image_catch_up_due): an image with a group tag sends an SM as
      * soon as its slowest subscriber has consumed everything it received (rcv-hwm, past the
      * last scheduled SM), but not before sm_catch_up_ns, which every SM sent moves to

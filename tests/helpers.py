@@ -379,6 +379,59 @@ class CpuWaits:
         return longest
 
 
+_LAG_WITNESS = """
+import sys, time
+tick, floor = float(sys.argv[1]), float(sys.argv[2])
+while True:
+    due = time.monotonic() + tick
+    time.sleep(tick)
+    late = time.monotonic() - due
+    if late >= floor:
+        print(due, late, flush=True)
+"""
+
+
+class LagWitness:
+    """A process of its own, of ordinary priority, that sleeps ``tick_s`` at a time and notes
+    each wake-up that came ``floor_s`` or more late, while the block runs (``with
+    LagWitness() as witness``): the machine's timer lateness as any thread sees it, beside
+    the drivers' network threads, whose timed wake-ups the pressure governor's lag signal
+    reads.  A climb that lag led is the machine's where the witness was late too."""
+
+    def __init__(self, tick_s: float = 0.001, floor_s: float = 0.0005) -> None:
+        self.tick_s, self.floor_s = tick_s, floor_s
+        #: (when the wake-up was due, how late it came), monotonic s, once the block ended.
+        self.late: list[tuple[float, float]] = []
+        self._output: Any = None
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> LagWitness:
+        import tempfile
+
+        self._output = tempfile.TemporaryFile()
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", _LAG_WITNESS, str(self.tick_s), str(self.floor_s)],
+            stdout=self._output)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._process is not None
+        self._process.kill()
+        self._process.wait(10)
+        self._output.seek(0)
+        lines = self._output.read().decode().split("\n")
+        self._output.close()
+        self.late = [(float(due), float(late)) for due, late in
+                     (line.split() for line in lines if line.count(" ") == 1)]
+
+    def late_windows(self, start: float, end: float, window_s: float,
+                     threshold_s: float) -> int:
+        """How many ``window_s``-long windows of ``[start, end)`` (monotonic s) saw a
+        wake-up at least ``threshold_s`` late."""
+        return len({int((due - start) // window_s) for due, late in self.late
+                    if start <= due < end and late >= threshold_s})
+
+
 def timeslices(pid: int) -> int:
     """How many times the threads of process ``pid`` (summed) were put on a CPU (the run
     count of ``schedstat``): a sleeping thread's wake-ups, and a runnable one's returns after

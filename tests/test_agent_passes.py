@@ -110,6 +110,12 @@ def test_a_governor_step_that_keeps_every_interval_visits_no_stream(
     assert (pair.sender.streams_visited, pair.receiver.streams_visited) == (0, 0)
     assert all(image.status_interval_factor == STATUS_INTERVAL_FACTOR
                for image in pair.receive.images.values())
+    # Within the pair's sender timeouts, the keepalives four times further apart.
+    widened = min(pair.settings.status_message_timeout * STATUS_INTERVAL_FACTOR,
+                  min(pair.settings.publication_connection_timeout,
+                      pair.settings.flow_control_receiver_timeout) // 5)
+    assert widened > pair.settings.status_message_timeout
+    assert all(image.c.sm_interval_ns == widened for image in pair.receive.images.values())
     assert (pair.sender.c.python_deadline_ns, pair.receiver.c.python_deadline_ns) == deadlines
     # ... and back at step 1 the interval narrows again, with no pass either.
     _run_commands_now(pair, 1)

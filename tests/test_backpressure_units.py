@@ -137,6 +137,18 @@ def test_the_ladder_climbs_one_step_a_sample_and_the_top_steps_need_sustained_pr
     assert governor.descents == 4
 
 
+def test_step_2_widens_keepalives_to_a_fifth_of_the_shortest_sender_timeout() -> None:
+    """Four times status_message_timeout at most, a fifth of the shortest of the receiving
+    driver's sender timeouts at most, and never below status_message_timeout."""
+    from slipstream.daemon.pressure.governor import widest_status_interval_ns
+
+    ms, s = 1_000_000, 1_000_000_000
+    assert widest_status_interval_ns(200 * ms, (5 * s, 5 * s)) == 1 * s  # x4 fits: 800 ms
+    assert widest_status_interval_ns(200 * ms, (1 * s, 5 * s)) == 200 * ms
+    assert widest_status_interval_ns(200 * ms, (5 * s, 2 * s)) == 400 * ms
+    assert widest_status_interval_ns(500 * ms, (1 * s, 1 * s)) == 500 * ms
+
+
 def test_a_climb_is_the_lags_only_where_the_lag_is_the_largest_signal() -> None:
     """GOVERNOR_LAG_CLIMBS counts the climbs the machine's lateness led, not those of the
     driver's own send backlog or busy threads (a busy ratio counts half)."""

@@ -150,11 +150,13 @@ def test_a_lossy_link_and_a_paused_receiver_under_each_answer(needs_hosts, chann
     # sockets dropped while they were descheduled: 96 and 82 against its 900 beside
     # stress-ng --cpu 2).  Where the fastest sets the pace (not min), a loaded machine may
     # deschedule its repairs past the sender's resend window (beside stress-ng, 2,921 of
-    # 14,000 messages): it is then left behind, and told, as the others below.
+    # 14,000 messages): it is then left behind, and told, as the others below; once, for
+    # its repairs go on from its next image (with none, each gap would leave it behind).
     if channel == "fc=min" or not at(report.lost_ranges, LOSSY):
         assert at(report.missing, LOSSY) == 0 and not at(report.lost_ranges, LOSSY), text
     else:
-        assert counters(report, LOSSY)["IMAGES_LEFT_BEHIND"] >= 1, text
+        assert len(at(report.lost_ranges, LOSSY)) == 1, text
+        assert counters(report, LOSSY)["IMAGES_LEFT_BEHIND"] == 1, text
     naks = [counters(report, host).get("NAK_MESSAGES_SENT", 0) for host in (2, 3, 4, 5)]
     assert at(naks, LOSSY) > 10 and max(others(naks, LOSSY)) < at(naks, LOSSY) / 4, naks
     assert counters(report, 1)["RETRANSMITS_SENT"] > 10

@@ -216,8 +216,10 @@ def test_under_min_a_paused_subscriber_at_the_governors_step_2_still_holds_the_s
         paused.driver.network.receiver.set_pressure_step(2)
         report = sim.run()
         channels = [e.channel for e in paused.driver.network.receiver.endpoints]
-    assert channels and all(c.status_interval_factor == STATUS_INTERVAL_FACTOR
-                            for c in channels)
+        images = [image for c in channels for image in c.images.values()]
+        # At step 2, its keepalives no further apart than step 0's: a fifth of 1 s.
+        assert images and all(image.status_interval_factor == STATUS_INTERVAL_FACTOR
+                              and image.c.sm_interval_ns == 200 * MS for image in images)
     assert report.exactly_once_in_order, report.format_text()
     assert not any(report.lost_ranges), report.lost_ranges
     assert report.counters[f"10.0.0.{SLOW_HOST}"].get("IMAGES_LEFT_BEHIND", 0) == 0

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from helpers import (
     Collector,
+    LagWitness,
     connect,
     connected_stream,
     counters_labelled,
@@ -44,6 +45,12 @@ from slipstream.client.frames import Data, Pad, Rejected, decode_datagram
 from slipstream.client.layout import HDR_TYPE_PAD, HEADER_LENGTH
 from slipstream.daemon.driver import MediaDriver
 from slipstream.daemon.media.udp import UDP_GRO
+from slipstream.daemon.pressure.governor import (
+    LADDER,
+    LAG_CEILING_NS,
+    LAG_FLOOR_NS,
+    SAMPLE_INTERVAL_NS,
+)
 from slipstream.sim.network import Link, LinkFaults
 from slipstream.sim.real.relay import Relay
 
@@ -98,14 +105,15 @@ def test_a_conductor_holding_the_gil_is_no_pressure_on_a_ping_pong(launch) -> No
     5k round trips a second moves through the C loops, which need no GIL, and the ladder
     stays at the bottom (the conductor's own lateness had read as pressure, held the ladder
     at steps 3-4 and coalesced every ping for 200 µs; a loop that yields its CPU between
-    short cycles had read as busy and climbed 3 times in 3 s).  One climb in each 3 s that
-    the duty-cycle lag did not lead is allowed: a timed wake-up the shared two cores ran
-    15 ms late is real lag.  Those the lag led are the machine's (beside a CPU hog, 10 in
-    12 s), which the governor is there to see: the network threads' timed wake-ups, which
-    the C loops take, no GIL held."""
+    short cycles had read as busy and climbed 3 times in 3 s).  One climb in each 3 s is
+    allowed: a timed wake-up the shared two cores ran 15 ms late is real lag.  Climbs the
+    duty-cycle lag led are allowed too, one for each governor sample in which a process of
+    its own (:class:`LagWitness`) woke as late as that lag: the machine's lateness (beside a
+    CPU hog, 10 climbs in 12 s), which the governor is there to see."""
     ping_uri, pong_uri = (f"aeron:udp?endpoint=127.0.0.1:{free_port()}" for _ in range(2))
     a, b = (launch(debug_conductor_gil_hold="20ms") for _ in range(2))
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb, \
+            LagWitness() as witness:
         pings, pongs = ca.add_publication(ping_uri, 1), cb.add_publication(pong_uri, 2)
         ping_subscription = cb.add_subscription(ping_uri, 1)
         pong_subscription = ca.add_subscription(pong_uri, 2)
@@ -136,9 +144,14 @@ def test_a_conductor_holding_the_gil_is_no_pressure_on_a_ping_pong(launch) -> No
             assert answer == [rounds]
             rounds += 1
         elapsed = time.monotonic() - (end - 3.0)
+    allowed = max(1, int(elapsed / 3.0))
+    climbing_lag_s = (LAG_FLOOR_NS + LADDER[0].enter * (LAG_CEILING_NS - LAG_FLOOR_NS)) / 1e9
+    late_samples = witness.late_windows(end - 3.0, end - 3.0 + elapsed,
+                                        SAMPLE_INTERVAL_NS / 1e9, climbing_lag_s)
     for counters in (counters_of(a), counters_of(b)):
-        own = counters["GOVERNOR_CLIMBS"] - counters["GOVERNOR_LAG_CLIMBS"]
-        assert own <= max(1, int(elapsed / 3.0)), (elapsed, counters)
+        lag_led = counters["GOVERNOR_LAG_CLIMBS"]
+        assert counters["GOVERNOR_CLIMBS"] - lag_led <= allowed, (elapsed, counters)
+        assert lag_led <= allowed + late_samples, (elapsed, late_samples, counters)
         assert counters["GOVERNOR_STEP"] == 0 and counters["GOVERNOR_PRESSURE"] < 200, counters
 
 

@@ -74,14 +74,16 @@ COALESCE_NS = 200_000
 #: Step 2: the status-message interval is multiplied by this, up to
 #: :func:`widest_status_interval_ns`.
 STATUS_INTERVAL_FACTOR = 4
-#: How many status messages a receiver still sends within the shortest sender timeout it is
-#: configured with, at any step: the number the defaults give at step 0 against a sender with
-#: one-second timeouts (200 ms against 1 s).  A keepalive status message is what keeps a
-#: receiver in its sender's min or tagged flow control and the publication connected; one
-#: lost or late among keepalives widened past this, and a receiver that has not read since it
-#: joined (a replay merge's live image) is dropped from min flow control, the sender runs on,
-#: and it is left behind: a loss, which no step of the ladder may cost.
+#: How many keepalive status messages step 2 still lets a receiver send within the shortest
+#: sender timeout it is configured with: the number the defaults give at step 0 against a
+#: sender with one-second timeouts (200 ms against 1 s); never fewer than step 0 sends.  A
+#: keepalive is what keeps a receiver in its sender's min or tagged flow control and the
+#: publication connected; one lost or late among keepalives widened past this, and a
+#: receiver that has not read since it joined (a replay merge's live image) is dropped from
+#: min flow control, the sender runs on, and it is left behind: a loss, which no step of the
+#: ladder may cost.
 KEEPALIVES_PER_SENDER_TIMEOUT = 5
+TOP_STEP = 4
 
 
 def widest_status_interval_ns(status_message_timeout_ns: int,
@@ -92,10 +94,13 @@ def widest_status_interval_ns(status_message_timeout_ns: int,
     ``flow_control_receiver_timeout``: a sender configured as its receivers are hears from
     each often enough), never below ``status_message_timeout_ns``.  A sender whose channel
     sets a shorter ``t:`` than its receivers' drivers know of is not covered: the receiver
-    cannot see it."""
+    cannot see it.  ``receiver_rebind_timeout`` (1 s) is not counted: it guards a receiver's
+    binding against a host that forges its id, and loses no data; counting it would leave
+    step 2 nothing to widen at the defaults.  At step 2 a receiver one of whose keepalives
+    is lost may lose its binding to such a forger for a while (docs/DRIVER.md §5.7), which
+    an encrypted channel rules out."""
     return max(status_message_timeout_ns,
                min(sender_timeouts_ns) // KEEPALIVES_PER_SENDER_TIMEOUT)
-TOP_STEP = 4
 
 
 @attrs.frozen

@@ -469,8 +469,10 @@ class PublicationImage(OfOneLog):
 
     @property
     def status_interval_factor(self) -> int:
-        """The pressure governor's multiple of the status-message interval (step 2); the
-        keepalive interval widens no further than ``widest_status_interval_ns``."""
+        """The pressure governor's multiple of the status-message intervals (step 2): the
+        keepalive interval widens no further than ``widest_status_interval_ns``; the
+        catch-up rule's interval by the whole factor (an SM the keepalive timer sends moves
+        both deadlines)."""
         return self._status_interval_factor
 
     @status_interval_factor.setter
