@@ -21,6 +21,7 @@ Needs root (CI runs as root): skips without it, fails under CI=true.
 from __future__ import annotations
 
 import pytest
+from helpers import LagWitness
 
 from slipstream.sim.network import LinkFaults
 from slipstream.sim.real.on_hosts import check_applicable, link_loss, run_on_hosts
@@ -58,6 +59,8 @@ SIGNAL_FILL = 80 * 1024
 PAUSED = 3
 LOSSY = 4
 LOSS = LinkFaults(loss=0.05)
+#: How late a wake-up of a process of its own says the machine starved its others (s).
+STARVED_S = 0.1
 PAUSE = Event(500 * MS, "pause", hosts=(PAUSED,), end_ns=2500 * MS)
 
 
@@ -140,19 +143,23 @@ def sender_past_paused(report: Report, host: int, pause: Event, after_ns: int) -
 @pytest.mark.parametrize("channel", ["", "fc=min", "rc=nak-strength"],
                          ids=["max", "min", "nak-strength"])
 def test_a_lossy_link_and_a_paused_receiver_under_each_answer(needs_hosts, channel) -> None:
-    report = play(channel, messages=14_000, events=[PAUSE],
-                  links=[LinkOverride(1, LOSSY, LOSS), LinkOverride(LOSSY, 1, LOSS)],
-                  hold_pause_s=0.0 if channel == "fc=min" else MAX_PAUSE_S)
+    with LagWitness() as witness:
+        report = play(channel, messages=14_000, events=[PAUSE],
+                      links=[LinkOverride(1, LOSSY, LOSS), LinkOverride(LOSSY, 1, LOSS)],
+                      hold_pause_s=0.0 if channel == "fc=min" else MAX_PAUSE_S)
     text = report.format_text()
+    # The machine left a process of its own unrun for STARVED_S or more: the hosts'
+    # subscribers and drivers may have been too (0.42 s beside stress-ng).
+    starved = max((late for _, late in witness.late), default=0.0) >= STARVED_S
     assert_exactly_once_from_each_join(report)
     # The lossy receiver got everything, by repairs: it asked, and the others, which lost
     # nothing on the way, asked far less (a busy machine's receivers ask for what their own
     # sockets dropped while they were descheduled: 96 and 82 against its 900 beside
-    # stress-ng --cpu 2).  Where the fastest sets the pace (not min), a loaded machine may
+    # stress-ng --cpu 2).  Where the fastest sets the pace (not min), a starved machine may
     # deschedule its repairs past the sender's resend window (beside stress-ng, 2,921 of
     # 14,000 messages): it is then left behind, and told, as the others below; once, for
     # its repairs go on from its next image (with none, each gap would leave it behind).
-    if channel == "fc=min" or not at(report.lost_ranges, LOSSY):
+    if channel == "fc=min" or not (starved and at(report.lost_ranges, LOSSY)):
         assert at(report.missing, LOSSY) == 0 and not at(report.lost_ranges, LOSSY), text
     else:
         assert len(at(report.lost_ranges, LOSSY)) == 1, text
@@ -166,13 +173,15 @@ def test_a_lossy_link_and_a_paused_receiver_under_each_answer(needs_hosts, chann
         # The others keep up and get everything (the lossy one did, above).  On a loaded
         # machine host 2 or 5 may fall half a term behind too (its subscriber descheduled:
         # 0.42 s beside stress-ng): it is then left behind as host 3 is, and told, never
-        # silently (each host's loss is what it was told, above); the other gets everything.
+        # silently (each host's loss is what it was told, above); the other gets everything,
+        # unless the machine was starved (beside stress-ng both were left behind, once each).
         clean = (2, 5)
         for host in clean:
             if at(report.missing, host):
                 assert at(report.lost_ranges, host), text
                 assert counters(report, host)["IMAGES_LEFT_BEHIND"] >= 1, text
-        assert min(at(report.missing, host) for host in clean) == 0, text
+        if not starved:
+            assert min(at(report.missing, host) for host in clean) == 0, text
     # Every receiver stayed a destination throughout: the paused one's driver, and the
     # lossy one's surviving status messages, kept them in the table.
     assert report.destinations and {n for _, n in report.destinations} == {4}
