@@ -187,6 +187,12 @@ int32_t ss_words_changed(int64_t *const *words, int64_t *last, int32_t count,
 
 /* A publication's heartbeat goes when nothing was sent for this long (Aeron's 100 ms). */
 #define SS_HEARTBEAT_TIMEOUT_NS 100000000
+/* How early a network thread's duty cycle may send a keepalive (a heartbeat, an SM's timer),
+ * and how late its park may take a liveness check, so that the timers falling due within it
+ * go in one wake-up: with thousands of idle streams, timers spread over the interval would
+ * each cost a wake-up and a duty cycle over every stream.  A tenth of the heartbeat's
+ * interval: at most that many more heartbeats, and none late. */
+#define SS_TIMER_SLACK_NS 10000000
 
 /* ss_receiver_on_datagram results */
 #define SS_RX_CONSUMED 0
@@ -984,6 +990,10 @@ typedef struct {
      * member), none are listed. */
     int32_t *due_members;
     int32_t due_members_count;
+    /* How early its cycles send a keepalive (a heartbeat, an SM's timer): SS_TIMER_SLACK_NS,
+     * set by the network thread's loop; 0 (each at its time) where ss_agent_do_work runs
+     * alone (the simulator, an embedded driver). */
+    int64_t keepalive_slack_ns;
 } ss_agent_t;
 
 /* Key the heartbeat timers anew from the publications that send their heartbeats in C

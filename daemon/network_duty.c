@@ -416,16 +416,23 @@ int64_t ss_image_allowed_window(const ss_image_t *image, int64_t position) {
     return allowed_window(image, position);
 }
 
-int64_t ss_image_status_message_due(const ss_image_t *image, int64_t slowest, int64_t now_ns) {
+/* ss_image_status_message_due's rule, its timer taken up to `slack_ns` early (the network
+ * thread's loop: SS_TIMER_SLACK_NS). */
+static int64_t status_message_due(const ss_image_t *image, int64_t slowest, int64_t now_ns,
+                                  int64_t slack_ns) {
     if (slowest > image->sm_position + (image->sm_window >> 2) ||
         catch_up_due(image, slowest, now_ns))
         return slowest;
     /* The timer's, or a window that changed: at what the subscribers consumed by now (§4.6),
      * never behind. */
-    if (now_ns >= image->sm_deadline_ns ||
+    if (now_ns + slack_ns >= image->sm_deadline_ns ||
         allowed_window(image, image->sm_position) != image->sm_window)
         return slowest > image->sm_position ? slowest : image->sm_position;
     return -1;
+}
+
+int64_t ss_image_status_message_due(const ss_image_t *image, int64_t slowest, int64_t now_ns) {
+    return status_message_due(image, slowest, now_ns, 0);
 }
 
 void ss_image_status_message_taken(ss_image_t *image, int64_t position, int64_t now_ns) {
@@ -502,7 +509,8 @@ static int32_t status_messages(ss_agent_t *a, int64_t now_ns) {
             work++;
         }
         if (image->sm_unsent) continue;
-        const int64_t position = ss_image_status_message_due(image, slowest, now_ns);
+        const int64_t position = status_message_due(image, slowest, now_ns,
+                                                    a->keepalive_slack_ns);
         if (position >= 0) {
             send_status_message(image, position, now_ns);
             work++;
@@ -515,8 +523,11 @@ int64_t ss_publication_receiver_deadline(const ss_send_publication_t *p, int64_t
     return last_sm_ns + p->connection_timeout_ns;
 }
 
-int32_t ss_publication_heartbeat(ss_send_publication_t *p, int64_t now_ns) {
-    if (!p->heartbeat_in_c || now_ns - p->time_of_last_send_ns < SS_HEARTBEAT_TIMEOUT_NS)
+/* ss_publication_heartbeat's rule, taken up to `slack_ns` early (the network thread's loop:
+ * SS_TIMER_SLACK_NS). */
+static int32_t publication_heartbeat(ss_send_publication_t *p, int64_t now_ns, int64_t slack_ns) {
+    if (!p->heartbeat_in_c ||
+        now_ns + slack_ns - p->time_of_last_send_ns < SS_HEARTBEAT_TIMEOUT_NS)
         return 0;
     const int64_t position = LOAD_ACQ(p->sender_position);
     const int32_t term_count = (int32_t)(position >> p->position_bits);
@@ -539,6 +550,10 @@ int32_t ss_publication_heartbeat(ss_send_publication_t *p, int64_t now_ns) {
     if (p->end_of_stream) p->eos_heartbeats_sent++;
     count(p->heartbeats_sent, 1);
     return 1;
+}
+
+int32_t ss_publication_heartbeat(ss_send_publication_t *p, int64_t now_ns) {
+    return publication_heartbeat(p, now_ns, 0);
 }
 
 /* The heartbeats of every publication (ss_publication_heartbeat), from a heap of timers keyed by
@@ -579,12 +594,14 @@ void ss_agent_schedule_heartbeats(ss_agent_t *a) {
  * timers once it no longer sends them in C, until the next Python pass keys them anew). */
 static int32_t heartbeats(ss_agent_t *a, int64_t now_ns) {
     int32_t sent = 0;
-    while (a->heartbeat_count > 0 && a->heartbeat_keys[0] <= now_ns) {
+    const int64_t slack_ns = a->keepalive_slack_ns;
+    while (a->heartbeat_count > 0 && a->heartbeat_keys[0] <= now_ns + slack_ns) {
         ss_send_publication_t *p = a->publications[a->heartbeat_heap[0]];
-        sent += ss_publication_heartbeat(p, now_ns);
+        sent += publication_heartbeat(p, now_ns, slack_ns);
         if (p->heartbeat_in_c) {
             const int64_t due = p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS;
-            a->heartbeat_keys[0] = due > now_ns ? due : now_ns + 1; /* unsent: the next cycle */
+            /* unsent: the next cycle */
+            a->heartbeat_keys[0] = due > now_ns + slack_ns ? due : now_ns + slack_ns + 1;
         } else {
             const int32_t last = --a->heartbeat_count;
             a->heartbeat_heap[0] = a->heartbeat_heap[last];
@@ -656,34 +673,48 @@ static int32_t publisher_limits(ss_agent_t *a) {
     return work;
 }
 
-int64_t ss_agent_c_deadline(const ss_agent_t *a) {
-    int64_t deadline = SS_NO_DEADLINE;
+/* The C half's timers (ss_agent_c_deadline's), split by what lateness costs: `timers`, the
+ * earliest of those it acts on at their time (the gaps' NAKs, a catch-up SM, cleaning that is
+ * behind, and the keepalives: a heartbeat's, an SM's timer, which a duty cycle of the network
+ * thread's loop takes up to keepalive_slack_ns early, so that those falling due within it go
+ * in one wake-up); `liveness`, the earliest liveness check (an image's, a receiver's), which
+ * the loop's park may take up to SS_TIMER_SLACK_NS late. */
+static void agent_deadlines(const ss_agent_t *a, int64_t *timers, int64_t *liveness) {
+    int64_t exact = SS_NO_DEADLINE, late = SS_NO_DEADLINE;
     for (int32_t i = 0; i < a->publication_count; i++) {
         const ss_send_publication_t *p = a->publications[i];
-        if (p->limit_in_c && p->cleaner != NULL && p->cleaner->position < p->cleaner->target)
-            return 0; /* cleaning is behind: the next cycle goes on with it */
-        if (p->heartbeat_in_c && p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS < deadline)
-            deadline = p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS;
+        if (p->limit_in_c && p->cleaner != NULL && p->cleaner->position < p->cleaner->target) {
+            *timers = 0, *liveness = SS_NO_DEADLINE; /* cleaning is behind: the next cycle */
+            return;
+        }
+        if (p->heartbeat_in_c && p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS < exact)
+            exact = p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS;
         /* The liveness of the receiver whose SMs it takes: */
-        if (p->sm_in_c && ss_publication_receiver_deadline(p, p->sm_time_ns) + 1 < deadline)
-            deadline = ss_publication_receiver_deadline(p, p->sm_time_ns) + 1;
+        if (p->sm_in_c && ss_publication_receiver_deadline(p, p->sm_time_ns) + 1 < late)
+            late = ss_publication_receiver_deadline(p, p->sm_time_ns) + 1;
     }
     for (int32_t i = 0; i < a->image_count; i++) {
         const ss_image_t *image = a->images[i];
-        if (rebuilt_in_c(image) && image->loss_deadline_ns < deadline)
-            deadline = image->loss_deadline_ns;
+        if (rebuilt_in_c(image) && image->loss_deadline_ns < exact)
+            exact = image->loss_deadline_ns;
         /* Caught up within the interval: the catch-up SM goes at its end, whichever half
          * sends it (the Python half's is due then: image_needs_python). */
-        if (image->has_group_tag && image->sm_catch_up_ns < deadline &&
+        if (image->has_group_tag && image->sm_catch_up_ns < exact &&
             min_subscriber_position(image) >= catch_up_position(image))
-            deadline = image->sm_catch_up_ns;
+            exact = image->sm_catch_up_ns;
         if (!sends_status_messages(image)) continue;
-        if (!image->sm_unsent && image->sm_deadline_ns < deadline)
-            deadline = image->sm_deadline_ns;
-        if (ss_image_liveness_deadline(image) < deadline)
-            deadline = ss_image_liveness_deadline(image);
+        if (!image->sm_unsent && image->sm_deadline_ns < exact)
+            exact = image->sm_deadline_ns;
+        if (ss_image_liveness_deadline(image) < late)
+            late = ss_image_liveness_deadline(image);
     }
-    return deadline;
+    *timers = exact, *liveness = late;
+}
+
+int64_t ss_agent_c_deadline(const ss_agent_t *a) {
+    int64_t timers, liveness;
+    agent_deadlines(a, &timers, &liveness);
+    return timers < liveness ? timers : liveness;
 }
 
 /* The C half's rebuild passes: data past a gap arrived, or a gap's timer is due. */
@@ -893,8 +924,12 @@ static void park(ss_duty_loop_t *l, int64_t now_ns) {
         ss_agent_t *a = l->agents[i];
         may_park &= arm(a, 1, now_ns, &deadline);
         if (a->python_deadline_ns < deadline) deadline = a->python_deadline_ns;
-        const int64_t c_deadline = ss_agent_c_deadline(a);
-        if (c_deadline < deadline) deadline = c_deadline;
+        int64_t timers, liveness;
+        agent_deadlines(a, &timers, &liveness);
+        if (timers < deadline) deadline = timers;
+        /* Checked in the wake-up of a keepalive within the slack (SS_NO_DEADLINE, none, is
+         * never below the difference). */
+        if (liveness < deadline - SS_TIMER_SLACK_NS) deadline = liveness + SS_TIMER_SLACK_NS;
     }
     /* After arming, so a client that moved in between either rang or is seen here. */
     for (int32_t i = 0; i < l->agent_count; i++)
@@ -966,6 +1001,8 @@ int32_t ss_duty_loop_once(ss_duty_loop_t *l) {
     poll_readable(l);
     for (int32_t i = 0; i < l->agent_count; i++) {
         ss_agent_t *a = l->agents[i];
+        /* The loop's (the simulator's cycles, ss_agent_do_work alone, take each at its time) */
+        a->keepalive_slack_ns = SS_TIMER_SLACK_NS;
         work += ss_agent_do_work(a, now_ns);
         due |= a->due;
         if (a->endpoints_read && l->endpoint_reads) count(l->endpoint_reads, a->endpoints_read);

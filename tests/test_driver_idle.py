@@ -151,6 +151,50 @@ def test_an_idle_drivers_duty_cycles_read_only_the_sockets_with_input(driver_dir
         f"{cycles} cycles: too few to tell reading each socket a cycle from this")
 
 
+def test_idle_streams_keepalives_share_the_network_threads_wake_ups(driver_dir: Path) -> None:
+    """Idle UDP streams made one after another have their heartbeat and status-message timers
+    spread over the interval: woken at each, the network thread would wake about
+    ``pairs x (10 + 5)`` times a second, each wake-up a duty cycle over every stream.  A
+    cycle of its loop sends the keepalives due within SS_TIMER_SLACK_NS early, so the timers
+    go at most 1 s / slack wake-ups a second (each may be woken once more by the datagrams
+    it sent, which this driver reads itself over loopback).  No heartbeat goes late, and at
+    most a slack early: between 10 and 100 ms / (100 ms - slack) a stream a second, fewer
+    only on a machine too loaded to run the thread on time."""
+    from slipstream.daemon._network import lib as network
+
+    pairs = 64
+    slack_s = network.SS_TIMER_SLACK_NS / 1e9
+    heartbeat_s = network.SS_HEARTBEAT_TIMEOUT_NS / 1e9
+    window_s = 2.0
+    with MediaDriver.launch(directory=driver_dir) as driver, Client.connect(driver_dir) as client:
+        streams = []
+        for i in range(pairs):
+            uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}|term-length=64k"
+            streams.append((client.add_subscription(uri, 100 + i),
+                            client.add_publication(uri, 100 + i)))
+            time.sleep(heartbeat_s / pairs)  # the streams' timers spread over the interval
+        wait_for(lambda: all(p.is_connected and s.images for s, p in streams), timeout=30,
+                 what="every stream connected")
+        time.sleep(0.5)  # the SETUPs answered, idle
+        network_thread = _thread_named(driver.pid, "ss-network")
+        before, woken = counters_of(driver), voluntary_switches(driver.pid, network_thread)
+        time.sleep(window_s)
+        woken = voluntary_switches(driver.pid, network_thread) - woken
+        after = counters_of(driver)
+    moved = {name: after[name] - before[name] for name in (
+        "HEARTBEATS_SENT", "STATUS_MESSAGES_SENT", "NETWORK_PYTHON_PASSES", "GOVERNOR_CLIMBS",
+        "GOVERNOR_DESCENTS")}
+    # Each timers' wake-up, and one for the datagrams it sent; a wait for the GIL at each
+    # Python pass and governor step (a command); then timers spread one a stream would pass
+    # this several times over (the old loop: about 900 a second).
+    commands = moved["GOVERNOR_CLIMBS"] + moved["GOVERNOR_DESCENTS"]
+    bound = 2 * window_s / slack_s + moved["NETWORK_PYTHON_PASSES"] + commands + 10
+    assert woken <= bound, (woken, bound, moved)
+    heartbeats = moved["HEARTBEATS_SENT"] / pairs / window_s
+    assert heartbeats <= 1 / (heartbeat_s - slack_s) + 1 / window_s, moved
+    assert heartbeats >= 1 / heartbeat_s / 2, moved  # the loaded machine's margin
+
+
 def _sockets(pid: int) -> dict[int, str]:
     """The descriptors of process ``pid`` that are sockets, each with its socket's inode
     (``socket:[N]``): a number that comes back holds another inode."""

@@ -48,6 +48,7 @@ C_ONLY = {
     "CRYPTO_SENDER_ID_MAX_AGE_S", "CRYPTO_KEY_LENGTH", "CRYPTO_KEYS_MAX",  # sealing.py's
     "SM_INVALID", "SM_AHEAD_OF_SENDER",  # network.h: ss_publication_status_message's refusals
     "POLL_ENDPOINTS_MIN",  # network.h: from how many endpoints the loop polls its sockets
+    "TIMER_SLACK_NS",  # network.h: the loop's keepalive slack (tests/test_driver_idle.py)
 }
 
 
