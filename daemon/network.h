@@ -191,7 +191,8 @@ int32_t ss_words_changed(int64_t *const *words, int64_t *last, int32_t count,
  * and how late its park may take a liveness check, so that the timers falling due within it
  * go in one wake-up: with thousands of idle streams, timers spread over the interval would
  * each cost a wake-up and a duty cycle over every stream.  A tenth of the heartbeat's
- * interval: at most that many more heartbeats, and none late. */
+ * interval: at most that many more heartbeats, none later than without it (the earliest of
+ * a batch wakes the thread at its time). */
 #define SS_TIMER_SLACK_NS 10000000
 
 /* ss_receiver_on_datagram results */
@@ -991,8 +992,8 @@ typedef struct {
     int32_t *due_members;
     int32_t due_members_count;
     /* How early its cycles send a keepalive (a heartbeat, an SM's timer): SS_TIMER_SLACK_NS,
-     * set by the network thread's loop; 0 (each at its time) where ss_agent_do_work runs
-     * alone (the simulator, an embedded driver). */
+     * set by the network thread's parking loop (ss_duty_loop_run); 0 (each at its time) for
+     * cycles that never park (an embedded driver's, the simulator's). */
     int64_t keepalive_slack_ns;
 } ss_agent_t;
 

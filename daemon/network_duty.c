@@ -1001,8 +1001,6 @@ int32_t ss_duty_loop_once(ss_duty_loop_t *l) {
     poll_readable(l);
     for (int32_t i = 0; i < l->agent_count; i++) {
         ss_agent_t *a = l->agents[i];
-        /* The loop's (the simulator's cycles, ss_agent_do_work alone, take each at its time) */
-        a->keepalive_slack_ns = SS_TIMER_SLACK_NS;
         work += ss_agent_do_work(a, now_ns);
         due |= a->due;
         if (a->endpoints_read && l->endpoint_reads) count(l->endpoint_reads, a->endpoints_read);
@@ -1021,6 +1019,11 @@ int32_t ss_duty_loop_once(ss_duty_loop_t *l) {
 }
 
 int32_t ss_duty_loop_run(ss_duty_loop_t *l) {
+    /* A loop that parks: the keepalives due within the slack share a wake-up.  Cycles run
+     * without parks (an embedded driver's ss_duty_loop_once, the simulator's ss_agent_do_work)
+     * save none by it, and take each at its time. */
+    for (int32_t i = 0; i < l->agent_count; i++)
+        l->agents[i]->keepalive_slack_ns = SS_TIMER_SLACK_NS;
     for (;;) {
         if (LOAD_ACQ(&l->stopping)) return SS_DUE_STOP;
         const int32_t work = ss_duty_loop_once(l);

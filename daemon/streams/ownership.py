@@ -10,7 +10,9 @@ pass and its NAKs, liveness) run in the two halves of the network thread: the Py
 (:mod:`~slipstream.daemon.streams.publication`, :mod:`~slipstream.daemon.streams.image`) and
 the C half (daemon/network_*.c).  Each rule is written once (:attr:`Rule.written_once`):
 one C function of the data path, which the C duty cycle runs while the rule is C's and the
-Python half calls otherwise, so the driver and the simulator run the same code.  Each rule
+Python half calls otherwise, so the driver and the simulator run the same code (but for
+the time of a keepalive: the network thread's parking loop sends the heartbeats and timer
+SMs due within SS_TIMER_SLACK_NS together, the simulator each at its time).  Each rule
 has an owner by default; a flag of the stream's C struct (``ss_send_publication_t``,
 ``ss_image_t``) hands it to the other half while the conditions of its row hold, and the
 Python half sets the flags in one function per stream type, which its transitions call:
