@@ -16,12 +16,16 @@ from pathlib import Path
 import attrs
 import pytest
 from helpers import free_port
+from hypothesis import given
+from hypothesis import strategies as st
 from test_embedded import embedded, run_until  # noqa: F401 (embedded: a fixture)
 from test_protocol_pair import RECEIVER, SESSION, STREAM, Pair
 
 from slipstream.client import Client
 from slipstream.client.logbuffer import LogBuffer
+from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
+from slipstream.daemon.agents.agent import MemberArray
 from slipstream.daemon.agents.commands import SetPressureStep
 from slipstream.daemon.agents.receiver import DUE_MEMBERS, Receiver
 from slipstream.daemon.agents.sender import DUE_MEMBERS_OR_TIMERS, Sender
@@ -230,9 +234,10 @@ def test_idle_streams_cost_the_sender_and_the_governor_only_the_streams_due(
 def test_adding_a_stream_visits_its_own_endpoint_not_every_one(
         embedded: Callable[..., EmbeddedDriver], streams: int) -> None:  # noqa: F811
     """Real UDP streams on their own endpoints between two embedded drivers: with
-    ``streams`` connected, adding one more (its endpoint, its interest, its image) costs the
-    receiver passes that visit that endpoint and the members the C half listed as due, at a
-    few streams as at many; every stream connects."""
+    ``streams`` connected, adding one more costs passes that visit that stream and the
+    members the C half listed as due, at a few streams as at many: the receiver's (its
+    endpoint, its interest, its image) and the sender's (its endpoint and publication);
+    every stream connects."""
     a, b = embedded(), embedded()
     with Client.connect(a.directory, invoker=a.do_work) as ca, \
             Client.connect(b.directory, invoker=b.do_work) as cb:
@@ -247,11 +252,85 @@ def test_adding_a_stream_visits_its_own_endpoint_not_every_one(
         for i in range(streams):
             add_pair(i)
         receiver = next(agent for agent in b._agents if isinstance(agent, Receiver))
+        sender = next(agent for agent in a._agents if isinstance(agent, Sender))
         passes = _recorded_passes(receiver)
+        sender_passes = _recorded_passes(sender)
+        views_made = _counted_views(sender) + _counted_views(receiver)
         add_pair(streams)
         assert len(receiver.endpoints) == streams + 1
+        assert len(sender.publications) == streams + 1
+        # The C halves' views followed member by member, as one made anew would have them.
+        assert sum(views_made) == 0
+        for agent in (sender, receiver):
+            _assert_view_is_current(agent)
         # The passes that ran the new stream's commands (no timer due with them).
         for_commands = [visited for due, commands, visited in passes
                         if commands and not due & ~(DUE_MEMBERS | SS_DUE_COMMANDS)]
         assert len(for_commands) >= 2, passes  # its endpoint and interest; its image
         assert all(visited <= 2 for visited in for_commands), passes
+        # The sender's, its timers' among them: the new publication, and those due.
+        for_commands = [visited for due, commands, visited in sender_passes
+                        if commands and not due & ~(DUE_MEMBERS_OR_TIMERS | SS_DUE_COMMANDS)]
+        assert for_commands, sender_passes  # its endpoint and publication
+        assert all(visited <= 2 for visited in for_commands), sender_passes
+
+
+def _counted_views(agent: Sender | Receiver) -> list[int]:
+    """From now on each time ``agent`` makes its C half's view anew is counted (the list's
+    one item)."""
+    made = [0]
+    c_view = agent._c_view
+
+    def counted() -> tuple[list, list, list]:
+        made[0] += 1
+        return c_view()
+
+    agent._c_view = counted  # type: ignore[method-assign]
+    return made
+
+
+def _assert_view_is_current(agent: Sender | Receiver) -> None:
+    """The C half reads the members a view made anew would hold (each array in an order of
+    its own: a member added goes last), each with its owner, and finds every endpoint's
+    socket by its fd."""
+    c = agent.c
+    for view, (kind, count, array) in zip(
+            agent._c_view(), (("receivers", c.endpoint_count, c.endpoints),
+                              ("images", c.image_count, c.images),
+                              ("sends", c.publication_count, c.publications)), strict=True):
+        held = getattr(agent, f"_{kind}")
+        read = [array[i] for i in range(count)]
+        assert read == held.members
+        assert {(int(network_ffi.cast("uintptr_t", m)), id(o)) for m, o in view} == {
+            (int(network_ffi.cast("uintptr_t", m)), id(o))
+            for m, o in zip(held.members, held.owners, strict=True)}
+    for i in range(c.endpoint_count):
+        receiver = c.endpoints[i]
+        assert c.receivers_by_fd[receiver.fd] == receiver
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 11)), max_size=60))
+def test_a_member_array_holds_what_its_members_are_after_any_adds_and_removes(
+        operations: list[tuple[bool, int]]) -> None:
+    """The C half's array of members, grown by doubling and closed up on removal, reads as
+    the members in the order they came, each with its owner, whatever the adds and removes."""
+    structs = [network_ffi.new("ss_receiver_t *") for _ in range(12)]
+    array = MemberArray("ss_receiver_t *")
+    model: list[tuple[int, int]] = []  # (member, owner)
+    for add, k in operations:
+        if add and all(member != k for member, _ in model):
+            array.append(structs[k], k % 3)
+            model.append((k, k % 3))
+        elif not add:
+            assert array.remove(structs[k]) == any(member == k for member, _ in model)
+            model = [(member, owner) for member, owner in model if member != k]
+        if k % 7 == 6 and model:  # now and then an owner's members go at once
+            owner = model[0][1]
+            gone = array.remove_owned_by(owner)
+            assert gone == [structs[m] for m, o in model if o == owner]
+            model = [(m, o) for m, o in model if o != owner]
+        assert array.capacity >= len(model)
+        assert [array.array[i] for i in range(len(model))] == [structs[m] for m, _ in model]
+        assert array.members == [structs[m] for m, _ in model]
+        assert array.owners == [o for _, o in model]
+

@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 from slipstream.client.layout import NO_DEADLINE
@@ -108,6 +108,68 @@ class DueTimers(Generic[Member]):
         return NO_DEADLINE
 
 
+class MemberArray:
+    """One of the C half's arrays of members (cffi pointers of ``ctype``: its endpoints'
+    receivers, images or send publications), each with its owner on the Python side (an
+    endpoint, a publication's pair), in the C half's order: the indices of its list of
+    members due (``due_members``).  Grown by doubling: adding a member costs the same at 10
+    members and at 10,000; removing one moves those after it down, in C."""
+
+    def __init__(self, ctype: str) -> None:
+        self._ctype = ctype
+        self._size = network_ffi.sizeof(ctype)
+        self.members: list = []  # the cffi pointers
+        self.owners: list = []
+        self.array = network_ffi.new(f"{ctype}[]", 1)
+        self.capacity = 1
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def reset(self, members: list[tuple[object, object]]) -> None:
+        """Hold ``members``, (pointer, owner) each, and nothing else."""
+        self.members = [member for member, _ in members]
+        self.owners = [owner for _, owner in members]
+        self.capacity = max(1, len(members))
+        self.array = network_ffi.new(f"{self._ctype}[]", self.members or 1)
+
+    def append(self, member: object, owner: object) -> bool:
+        """Add ``member`` last; whether the array moved (grew)."""
+        count = len(self.members)
+        grew = count == self.capacity
+        if grew:
+            array = network_ffi.new(f"{self._ctype}[]", 2 * self.capacity)
+            network_ffi.memmove(array, self.array, count * self._size)
+            self.array, self.capacity = array, 2 * self.capacity
+        self.array[count] = member
+        self.members.append(member)
+        self.owners.append(owner)
+        return grew
+
+    def remove(self, member: object) -> bool:
+        """Take ``member`` out (whether it was in)."""
+        members = self.members
+        for i in range(len(members) - 1, -1, -1):  # the newest first: images come and go
+            if members[i] == member:
+                break
+        else:
+            return False
+        moved = len(members) - i - 1
+        if moved:
+            network_ffi.memmove(self.array + i, self.array + i + 1, moved * self._size)
+        del members[i], self.owners[i]
+        return True
+
+    def remove_owned_by(self, owner: object) -> list:
+        """Take out every member ``owner`` owns; returns them."""
+        kept = [(m, o) for m, o in zip(self.members, self.owners, strict=True) if o is not owner]
+        if len(kept) == len(self.members):
+            return []
+        gone = [m for m, o in zip(self.members, self.owners, strict=True) if o is owner]
+        self.reset(kept)
+        return gone
+
+
 class Agent(Generic[Endpoint, Command]):
     """A duty-cycle agent (Aeron's Agent): single-threaded, except :meth:`enqueue`."""
 
@@ -116,6 +178,16 @@ class Agent(Generic[Endpoint, Command]):
         """``max_datagrams``: datagrams one publication sends per duty cycle;
         ``status_poll_ratio``: a busy sender reads control input after 2 x this datagrams."""
         self.endpoints: list[Endpoint] = []
+        self._endpoint_ids: dict[int, Endpoint] = {}  # the endpoints, by id
+        #: Each member (an endpoint; a sender's publication) by id: its place in the
+        #: agent's order (they are added at the end), kept as they come and go, so that a
+        #: pass orders the members it visits without a look at the others.
+        self._order: dict[int, int] = {}
+        self._next_order = 0
+        #: The endpoints added or removed since the network thread last took them
+        #: (:meth:`take_endpoint_changes`), by id: it registers their sockets with its poll,
+        #: or unregisters them, without a look at the other endpoints.
+        self._endpoint_changes: dict[int, Endpoint] = {}
         self._commands: deque[Command] = deque()
         #: The C half's view of this agent (ss_agent_t); :meth:`_sync_c` keeps it current.
         self.c = c = network_ffi.new("ss_agent_t *")
@@ -125,8 +197,17 @@ class Agent(Generic[Endpoint, Command]):
         self._spans = network_ffi.new("ss_span_t[]", max_datagrams + network.SS_RETRANSMIT_MAX)
         c.spans = self._spans
         c.python_deadline_ns = 0
-        self._arrays: tuple[object, ...] = ()
-        self._c_members: tuple[object, ...] | None = None
+        #: The C half's arrays of members (see _sync_members) and its tables sized by them
+        #: (_by_fd), kept alive while it reads them.
+        self._receivers = MemberArray("ss_receiver_t *")
+        self._images = MemberArray("ss_image_t *")
+        self._sends = MemberArray("ss_send_publication_t *")
+        self._tables: tuple[object, ...] = ()
+        self._due_list: object = network_ffi.NULL  # the C half's due_members
+        self._due_room = 0
+        #: Whether the C half's view is to be made anew from _c_view at the next _sync_c (at
+        #: first, and after a change the agent did not follow member by member).
+        self._members_changed = True
         #: Some endpoint or publication has no socket (the simulator's): see _virtual_io.
         self._has_virtual_io = True
         #: Commands run since the agent was made that may have changed its members (its
@@ -152,11 +233,36 @@ class Agent(Generic[Endpoint, Command]):
 
     def add_endpoint(self, endpoint: Endpoint) -> None:
         self.endpoints.append(endpoint)
+        self._endpoint_ids[id(endpoint)] = endpoint
+        self._endpoint_changes[id(endpoint)] = endpoint
+        self._place(endpoint)
 
     def remove_endpoint(self, endpoint: Endpoint) -> None:
         """Stop using ``endpoint``; its owner closes it."""
-        if endpoint in self.endpoints:
+        if self.serves(endpoint):
             self.endpoints.remove(endpoint)
+            del self._endpoint_ids[id(endpoint)], self._order[id(endpoint)]
+            self._endpoint_changes[id(endpoint)] = endpoint
+
+    def _place(self, member: object) -> None:
+        """``member`` (an endpoint, a publication) goes last in the agent's order."""
+        self._order[id(member)] = self._next_order
+        self._next_order += 1
+
+    def _in_order(self, members: Iterable[Member]) -> list[Member]:
+        """``members`` that are the agent's still, in its order."""
+        order = self._order
+        return sorted((m for m in members if id(m) in order), key=lambda m: order[id(m)])
+
+    def serves(self, endpoint: object) -> bool:
+        """Whether ``endpoint`` is one of the agent's endpoints."""
+        return self._endpoint_ids.get(id(endpoint)) is endpoint
+
+    def take_endpoint_changes(self) -> dict[int, Endpoint]:
+        """The endpoints added or removed since the last call, by id (the network thread's,
+        for its poll)."""
+        changes, self._endpoint_changes = self._endpoint_changes, {}
+        return changes
 
     def _run_commands(self, now_ns: int) -> tuple[int, bool]:
         """Run the queued commands: (how many ran, whether the pass need not visit the
@@ -219,45 +325,114 @@ class Agent(Generic[Endpoint, Command]):
         raise NotImplementedError
 
     def _c_view(self) -> tuple[list, list, list]:
-        """(endpoint receivers, images, send publications): the C structs the C half reads."""
+        """(endpoint receivers, images, send publications): the C structs the C half reads,
+        each as (pointer, owner)."""
         raise NotImplementedError
 
-    def _sync_c(self, python_deadline_ns: Callable[[], int], *,
-                members_changed: bool = True) -> None:
-        """Point the C half at the current endpoints, images and publications (unless
-        ``members_changed`` is False: the caller knows them unchanged since the last call),
-        then give it the Python half's next deadline (0, Python at once, if that fails)."""
-        if members_changed:
+    def _sync_c(self, python_deadline_ns: Callable[[], int]) -> None:
+        """Point the C half at the current endpoints, images and publications (made anew
+        from :meth:`_c_view` when a change was not followed member by member), then give it
+        the Python half's next deadline (0, Python at once, if that fails)."""
+        if self._members_changed:
             self._sync_members()
         network.ss_agent_schedule_heartbeats(self.c)
         self.c.python_deadline_ns = 0
         self.c.python_deadline_ns = python_deadline_ns()
 
     def _sync_members(self) -> None:
-        """The C half's arrays from :meth:`_c_view`, made anew when its members differ."""
-        receivers, images, publications = members = self._c_view()
-        flat = (*receivers, *images, *publications)
-        if flat != self._c_members:
-            self._c_members = flat
-            c = self.c
-            arrays = (network_ffi.new("ss_receiver_t *[]", receivers or 1),
-                      network_ffi.new("ss_image_t *[]", images or 1),
-                      network_ffi.new("ss_send_publication_t *[]", publications or 1))
-            c.endpoints, c.images, c.publications = arrays
-            # Room for every member in the C half's list of those due, set with the counts
-            # it is sized by.
-            due_members = network_ffi.new("int32_t[]", max(1, len(flat)))
-            c.due_members, c.due_members_count = due_members, 0
-            c.endpoint_count, c.image_count, c.publication_count = map(len, members)
-            self._arrays = (*arrays, due_members, *self._by_fd(receivers, publications))
+        """The C half's arrays made anew from :meth:`_c_view`."""
+        self._members_changed = True  # until they are made
+        receivers, images, publications = self._c_view()
+        self._receivers.reset(receivers)
+        self._images.reset(images)
+        self._sends.reset(publications)
+        self._tables = self._by_fd()
+        self._point_c()
         self._has_virtual_io = self._virtual_members()
+        self._members_changed = False
 
-    def _by_fd(self, receivers: list, publications: list) -> tuple[object, ...]:
+    def _member_added(self, view: MemberArray, member: object, owner: object) -> None:
+        """``member`` (a cffi pointer in ``view``, one of the C half's arrays) came, owned by
+        ``owner``: the C half's view follows, at a cost that does not grow with the members
+        (unless a view made anew is due anyway)."""
+        if self._members_changed:
+            return
+        view.append(member, owner)
+        by_fd, marks, heap, keys = self._tables
+        c = self.c
+        if view is self._receivers and member.fd >= 0:  # type: ignore[attr-defined]
+            fd = member.fd  # type: ignore[attr-defined]
+            if fd >= c.receivers_by_fd_count:
+                by_fd = self._grown(by_fd, "ss_receiver_t *[]", c.receivers_by_fd_count, fd)
+                c.receivers_by_fd, c.receivers_by_fd_count = by_fd, len(by_fd)
+            by_fd[fd] = member
+        elif view is self._sends:
+            fd = member.fd  # type: ignore[attr-defined]
+            if fd >= c.socket_mark_count:
+                marks = network_ffi.new("int64_t[]", 2 * 2 * (fd + 1))
+                c.socket_marks, c.socket_mark_count = marks, 2 * (fd + 1)
+            if len(self._sends) > len(heap):
+                heap = network_ffi.new("int32_t[]", self._sends.capacity)
+                keys = network_ffi.new("int64_t[]", self._sends.capacity)
+                c.heartbeat_heap, c.heartbeat_keys, c.heartbeat_count = heap, keys, 0
+        self._tables = (by_fd, marks, heap, keys)
+        self._point_c()
+
+    def _member_removed(self, view: MemberArray, member: object) -> None:
+        """``member`` left ``view``: the C half's view follows (see _member_added)."""
+        if self._members_changed or not view.remove(member):
+            return
+        self._forget_fd(view, member)
+        self._point_c()
+
+    def _members_removed(self, view: MemberArray, owner: object) -> None:
+        """Every member of ``view`` that ``owner`` owns left."""
+        if self._members_changed:
+            return
+        for member in view.remove_owned_by(owner):
+            self._forget_fd(view, member)
+        self._point_c()
+
+    def _forget_fd(self, view: MemberArray, member: object) -> None:
+        """An endpoint's receiver that left is no longer found by its fd."""
+        if view is not self._receivers:
+            return
+        by_fd = self._tables[0]
+        fd = member.fd  # type: ignore[attr-defined]
+        if 0 <= fd < self.c.receivers_by_fd_count and by_fd[fd] == member:
+            by_fd[fd] = network_ffi.NULL
+
+    @staticmethod
+    def _grown(table: object, ctype: str, count: int, index: int) -> object:
+        """A copy of ``table`` (``count`` entries, an array of ``ctype``) with room for
+        ``index``."""
+        grown = network_ffi.new(ctype, max(2 * count, index + 1))
+        item = network_ffi.sizeof(network_ffi.typeof(grown).item)
+        network_ffi.memmove(grown, table, count * item)
+        return grown
+
+    def _point_c(self) -> None:
+        """The C half reads the arrays as they are now: their counts, and room in its list of
+        members due for every member (set with the counts it is sized by)."""
+        c = self.c
+        receivers, images, sends = self._receivers, self._images, self._sends
+        c.endpoints, c.images, c.publications = receivers.array, images.array, sends.array
+        room = receivers.capacity + images.capacity + sends.capacity
+        if room != self._due_room:
+            self._due_list = network_ffi.new("int32_t[]", room)
+            self._due_room = room
+            c.due_members = self._due_list
+        c.due_members_count = 0
+        c.endpoint_count, c.image_count, c.publication_count = (
+            len(receivers), len(images), len(sends))
+
+    def _by_fd(self) -> tuple[object, ...]:
         """The C half's tables sized by the arrays: each endpoint by its fd (the network
         thread's poll marks those readable), the send sockets' marks (a pass groups its
         publications by socket) and the heartbeat timers' heap (ss_agent_t); returns them, to
         keep alive while the C half reads them."""
         c = self.c
+        receivers, publications = self._receivers.members, self._sends.members
         by_fd_count = 1 + max((r.fd for r in receivers), default=-1)
         by_fd = network_ffi.new("ss_receiver_t *[]", max(1, by_fd_count))
         for receiver in receivers:
@@ -267,8 +442,8 @@ class Agent(Generic[Endpoint, Command]):
         mark_count = 1 + max((p.fd for p in publications), default=-1)
         marks = network_ffi.new("int64_t[]", 2 * max(1, mark_count))
         c.socket_marks, c.socket_mark_count, c.socket_pass = marks, mark_count, 0
-        heap = network_ffi.new("int32_t[]", max(1, len(publications)))
-        keys = network_ffi.new("int64_t[]", max(1, len(publications)))
+        heap = network_ffi.new("int32_t[]", self._sends.capacity)
+        keys = network_ffi.new("int64_t[]", self._sends.capacity)
         c.heartbeat_heap, c.heartbeat_keys, c.heartbeat_count = heap, keys, 0
         return by_fd, marks, heap, keys
 

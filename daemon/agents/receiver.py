@@ -19,13 +19,13 @@ Units: times in ns.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 
-from slipstream.client.layout import NO_DEADLINE
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
-from slipstream.daemon.agents.agent import Agent
+from slipstream.daemon.agents.agent import Agent, DueTimers
 from slipstream.daemon.agents.commands import (
     AddPublicationImage,
     AddReceiveDestination,
@@ -47,6 +47,7 @@ from slipstream.daemon.media.events import (
     ReceiveDestinationFailed,
     ReceiverEvent,
 )
+from slipstream.daemon.media.receive_channel import ignore_member_change
 from slipstream.daemon.pressure.governor import STATUS_INTERVAL_FACTOR
 
 log = logging.getLogger("slipstream.driver")
@@ -68,10 +69,8 @@ class Receiver(Agent[ReceiveEndpoint, ReceiverCommand]):
         super().__init__(is_sender=False)
         self._on_event = on_event
         self._status_interval_factor = 1
-        #: Each C member's endpoint (see _c_view), and each endpoint's Python deadline as its
-        #: last pass left it (by id(endpoint)).
-        self._member_endpoints: list[ReceiveEndpoint] = []
-        self._deadlines: dict[int, int] = {}
+        #: Each endpoint's Python deadline as its last pass left it.
+        self._deadlines: DueTimers[ReceiveEndpoint] = DueTimers()
         #: Each endpoint by id of its channel (the commands name channels).
         self._endpoint_of: dict[int, ReceiveEndpoint] = {}
         #: The endpoints the commands of the pass under way touched, by id, or None once one
@@ -167,6 +166,29 @@ class Receiver(Agent[ReceiveEndpoint, ReceiverCommand]):
         endpoint.channel.set_status_interval_factor(self._status_interval_factor)
         super().add_endpoint(endpoint)
         self._endpoint_of[id(endpoint.channel)] = endpoint
+        channel = endpoint.channel
+        for receiver in channel.socket_receivers:
+            self._member_added(self._receivers, receiver, endpoint)
+        for image in channel.images.values():
+            self._member_added(self._images, image.c, endpoint)
+        if channel.reads_without_sockets:  # the simulator's
+            self._has_virtual_io = True
+        channel.on_member_change = functools.partial(self._on_member_change, endpoint)
+
+    def _on_member_change(self, endpoint: ReceiveEndpoint, member: object, image: bool,
+                          added: bool) -> None:
+        """``endpoint``'s channel added or removed ``member`` (cffi): an image's
+        ``ss_image_t *``, or a destination's ``ss_receiver_t *`` (see
+        :attr:`ReceiveChannel.on_member_change`); the C half's view follows."""
+        if not image and member.fd < 0:  # type: ignore[attr-defined]  # the simulator's
+            if added:
+                self._has_virtual_io = True
+            else:  # whether any member has no socket is looked at anew
+                self._members_changed = True
+        elif added:
+            self._member_added(self._images if image else self._receivers, member, endpoint)
+        else:
+            self._member_removed(self._images if image else self._receivers, member)
 
     def remove_endpoint(self, endpoint: ReceiveEndpoint, now_ns: int | None = None) -> None:
         """Stop using ``endpoint``.  With ``now_ns``, first send what its images have due: the
@@ -174,7 +196,7 @@ class Receiver(Agent[ReceiveEndpoint, ReceiverCommand]):
         message tells each sender at once that this receiver left (a min or tagged group, or
         a unicast publication, would otherwise wait for its receiver timeout)."""
         try:
-            if now_ns is not None and endpoint in self.endpoints:
+            if now_ns is not None and self.serves(endpoint):
                 channel = endpoint.channel
                 out = channel.datagrams_to_send(now_ns)
                 if out:
@@ -182,7 +204,16 @@ class Receiver(Agent[ReceiveEndpoint, ReceiverCommand]):
                 for event in channel.poll_events():  # an image that went: its owner frees it
                     self._on_event(event)
         finally:  # a farewell that fails still lets the endpoint go (and its owner close it)
+            served = self.serves(endpoint)
             super().remove_endpoint(endpoint)
+            if served:
+                channel = endpoint.channel
+                channel.on_member_change = ignore_member_change
+                self._members_removed(self._receivers, endpoint)
+                self._members_removed(self._images, endpoint)
+                self._deadlines.forget(endpoint)
+                if channel.reads_without_sockets:  # the simulator's
+                    self._members_changed = True
             if self._endpoint_of.get(id(endpoint.channel)) is endpoint:
                 del self._endpoint_of[id(endpoint.channel)]
 
@@ -240,13 +271,16 @@ class Receiver(Agent[ReceiveEndpoint, ReceiverCommand]):
         visit = self.endpoints
         try:
             due = self.c.due
+            listed = self._listed_endpoints()  # the C half's list, before a command moves it
             self._touched = {}
             work, light = self._run_commands(now_ns)
             if light:
                 return work
             touched, self._touched = self._touched, None
-            if touched is not None and not due & ~(DUE_MEMBERS | network.SS_DUE_COMMANDS):
-                visit = self._due_endpoints(touched)
+            if (listed is not None and touched is not None
+                    and not due & ~(DUE_MEMBERS | network.SS_DUE_COMMANDS)):
+                listed.update(touched)
+                visit = self._in_order(listed.values())
             self.streams_visited = sum(len(e.channel.images) for e in visit)
             for endpoint in visit:
                 channel = endpoint.channel
@@ -258,6 +292,10 @@ class Receiver(Agent[ReceiveEndpoint, ReceiverCommand]):
                 for event in channel.poll_events():
                     self._on_event(event)
                     work += 1
+        except BaseException:
+            # A member may have come or gone halfway: the C half's view is made anew.
+            self._members_changed = True
+            raise
         finally:
             # Also after a failure: an image whose ImageDone went to the conductor may lose
             # its log at any moment, and the C half must no longer see it.
@@ -265,25 +303,23 @@ class Receiver(Agent[ReceiveEndpoint, ReceiverCommand]):
                 self._sync_c(lambda: self._python_deadline_ns(visit))
         return work
 
-    def _due_endpoints(self, touched: dict[int, ReceiveEndpoint]) -> list[ReceiveEndpoint]:
-        """The endpoints of the members the C half listed as due and those in ``touched``
-        (by id), each once, in the agents' order of endpoints; every endpoint when the list
+    def _listed_endpoints(self) -> dict[int, ReceiveEndpoint] | None:
+        """The endpoints of the members the C half listed as due, by id; None when its list
         is not the current view's (the simulator's endpoints without sockets have their
-        input outside it)."""
+        input outside it): then the pass visits every endpoint."""
         c = self.c
-        members = self._member_endpoints
-        if (self._has_virtual_io or c.due_members == network_ffi.NULL
-                or len(members) != c.endpoint_count + c.image_count):
-            return self.endpoints
-        listed = dict(touched)
+        receivers, images = self._receivers.owners, self._images.owners
+        if (self._members_changed or self._has_virtual_io or c.due_members == network_ffi.NULL
+                or len(receivers) != c.endpoint_count or len(images) != c.image_count):
+            return None
+        listed: dict[int, ReceiveEndpoint] = {}
+        first_image = c.endpoint_count
+        members = c.due_members
         for k in range(c.due_members_count):
-            member = members[c.due_members[k]]
-            listed[id(member)] = member
-        if len(listed) == 1:  # one endpoint (a stream added): no walk of them all
-            (endpoint,) = listed.values()
-            if self._endpoint_of.get(id(endpoint.channel)) is endpoint:
-                return [endpoint]
-        return [e for e in self.endpoints if id(e) in listed]
+            member = members[k]
+            endpoint = receivers[member] if member < first_image else images[member - first_image]
+            listed[id(endpoint)] = endpoint
+        return listed
 
     def _python_deadline_ns(self, visited: list[ReceiveEndpoint]) -> int:
         """The Python half's next deadline: the visited endpoints' anew, the others' as their
@@ -292,21 +328,18 @@ class Receiver(Agent[ReceiveEndpoint, ReceiverCommand]):
         if visited is self.endpoints:
             deadlines.clear()
         for endpoint in visited:
-            deadlines[id(endpoint)] = endpoint.channel.python_deadline_ns()
-        if len(deadlines) != len(self.endpoints):  # an endpoint went during the pass
-            live = {id(e) for e in self.endpoints}
-            for key in [k for k in deadlines if k not in live]:
-                del deadlines[key]
-        return min(deadlines.values(), default=NO_DEADLINE)
+            if self.serves(endpoint):  # not one that went during the pass
+                deadlines.set(endpoint, endpoint.channel.python_deadline_ns())
+        return deadlines.earliest()
 
     def _virtual_members(self) -> bool:
         return any(e.channel.reads_without_sockets for e in self.endpoints)
 
     def _c_view(self) -> tuple[list, list, list]:
-        endpoints = self.endpoints
-        # Each member's endpoint, in the C half's order (its due_members' indices).
-        self._member_endpoints = (
-            [e for e in endpoints for _ in e.channel.socket_receivers]
-            + [e for e in endpoints for _ in e.channel.images])
-        return ([r for e in endpoints for r in e.channel.socket_receivers],
-                [image.c for e in endpoints for image in e.channel.images.values()], [])
+        receivers: list = []
+        images: list = []
+        for endpoint in self.endpoints:
+            channel = endpoint.channel
+            receivers += [(receiver, endpoint) for receiver in channel.socket_receivers]
+            images += [(image.c, endpoint) for image in channel.images.values()]
+        return receivers, images, []

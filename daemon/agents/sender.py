@@ -61,6 +61,9 @@ from slipstream.daemon.streams.publication import NetworkPublication
 #: The reasons for which a pass visits only the members due (see Sender.do_python_work).
 DUE_MEMBERS_OR_TIMERS = network.SS_DUE_INPUT | network.SS_DUE_PUBLICATION | network.SS_DUE_TIMER
 
+#: A publication with the endpoint that sends it: one object each, kept as it was added.
+Pair = tuple[NetworkPublication, SendEndpoint]
+
 
 class Sender(Agent[SendEndpoint, SenderCommand]):
     """The sender agent.  See the module docstring."""
@@ -76,14 +79,18 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
         self.pressure_step = 0
         self._publications: list[tuple[NetworkPublication, SendEndpoint]] = []
         self._now_ns = 0  # the simulator's clock at its last virtual I/O
-        #: What the C half's arrays hold, in its order, and the indices a pass finds its
-        #: members by (set by _c_view, when the members changed).
-        self._c_pairs: list[tuple[NetworkPublication, SendEndpoint]] = []
-        self._member_endpoints: list[SendEndpoint] = []
-        self._endpoint_index: dict[int, int] = {}
-        self._publication_index: dict[int, int] = {}
-        self._endpoint_publications: list[list[int]] = []
-        self._members_changed = True
+        #: Each endpoint's publications, by id of the endpoint.
+        self._endpoint_publications: dict[
+            int, list[tuple[NetworkPublication, SendEndpoint]]] = {}
+        #: Each publication's pair by id of the publication, and each endpoint by id of its
+        #: channel (the commands name publications and channels).
+        self._pair_of: dict[int, tuple[NetworkPublication, SendEndpoint]] = {}
+        self._endpoint_of: dict[int, SendEndpoint] = {}
+        #: The members the commands of the pass under way touched, by id (an endpoint, or a
+        #: publication's pair), or None once one touched what no member holds alone (see
+        #: _touch).
+        self._touched: dict[int, SendEndpoint | tuple[NetworkPublication, SendEndpoint]
+                            ] | None = None
         #: The endpoints' and publications' Python timers (see _python_deadline_ns).
         self._timers: DueTimers[object] = DueTimers()
         #: The driver drains: each pass publishes every publication's status (publish_status).
@@ -94,6 +101,7 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
     def on_command(self, command: SenderCommand, now_ns: int) -> bool | None:
         """Run one of the conductor's commands (see their records); False: it changed no
         stream's rules or timers (see :meth:`Agent.on_command`)."""
+        self._touch(command)
         match command:
             case AddPublication(endpoint, publication):
                 self.add_publication(endpoint, publication)
@@ -133,26 +141,81 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
                 self.remove_endpoint(endpoint)
                 self._on_event(EndpointRemoved(endpoint.channel, generation))
             case SetPressureStep(step):
-                return self.set_pressure_step(step)
+                changed = self.set_pressure_step(step)
+                if changed:  # offers refused or taken again: every publication's status
+                    self._touched = None
+                return changed
             case _:
                 raise TypeError(f"not a sender command: {command!r}")
         return None
 
+    def _touch(self, command: SenderCommand) -> None:
+        """Note the members ``command`` changes (a publication added, closed, its spies; an
+        endpoint added, retargeted, its destinations), which its pass then visits with those
+        the C half listed as due and those whose timer came, not every member.  An endpoint
+        removed touches none (it is gone); a governor step touches none unless it changes a
+        publication's rules (then see on_command); any other command makes the pass visit
+        all."""
+        touched = self._touched
+        if touched is None:
+            return
+        match command:
+            case AddPublication(endpoint, publication):
+                touched[id(endpoint)] = endpoint
+                touched[id(publication)] = (publication, endpoint)
+                return
+            case (ClosePublication(publication, _) | StopCredit(publication)
+                  | AddSpy(publication, _, _) | RemoveSpy(publication, _, _)):
+                pair = self._pair_of.get(id(publication))
+                if pair is not None:
+                    touched[id(publication)] = pair
+                    return
+            case (AddSendDestination(channel, _) | RemoveSendDestination(channel, _)
+                  | CheckDestinations(channel, _)):
+                endpoint = self._endpoint_of.get(id(channel))
+                if endpoint is not None:
+                    touched[id(endpoint)] = endpoint
+                    return
+            case AddSendEndpoint(endpoint) | ResolutionChange(endpoint, _):
+                touched[id(endpoint)] = endpoint
+                return
+            case RemoveSendEndpoint() | SetPressureStep():
+                return
+        self._touched = None
+
     def add_endpoint(self, endpoint: SendEndpoint) -> None:
         endpoint.transport.attach_channel(endpoint.channel)
         super().add_endpoint(endpoint)
-        self._members_changed = True
+        self._endpoint_of[id(endpoint.channel)] = endpoint
+        self._endpoint_publications[id(endpoint)] = []
+        if endpoint.channel.c.fd >= 0:
+            self._member_added(self._receivers, endpoint.channel.c, endpoint)
+        else:  # the simulator's
+            self._has_virtual_io = True
 
     def remove_endpoint(self, endpoint: SendEndpoint) -> None:
         super().remove_endpoint(endpoint)
         self._timers.forget(endpoint)
-        self._members_changed = True
+        if self._endpoint_of.get(id(endpoint.channel)) is endpoint:
+            del self._endpoint_of[id(endpoint.channel)]
+            self._endpoint_publications.pop(id(endpoint), None)
+        if endpoint.channel.c.fd >= 0:
+            self._member_removed(self._receivers, endpoint.channel.c)
+        else:  # the simulator's: whether any member has no socket is looked at anew
+            self._members_changed = True
+
 
     def add_publication(self, endpoint: SendEndpoint, publication: NetworkPublication) -> None:
         endpoint.transport.attach(publication)
         endpoint.channel.add_publication(publication)
-        self._publications.append((publication, endpoint))
-        self._members_changed = True
+        pair = (publication, endpoint)
+        self._publications.append(pair)
+        self._pair_of[id(publication)] = pair
+        self._place(publication)
+        self._endpoint_publications.setdefault(id(endpoint), []).append(pair)
+        self._member_added(self._sends, publication.c, pair)
+        if publication.c.fd < 0:  # the simulator's
+            self._has_virtual_io = True
         publication.apply_pressure_step(self.pressure_step)
 
     def set_pressure_step(self, step: int) -> bool:
@@ -193,7 +256,7 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
     def _send_virtual(self, now_ns: int, *, retransmits_only: bool) -> int:
         """``ss_send_virtual`` over the publications without a socket, each given its
         transport's room first."""
-        pairs = self._c_pairs
+        pairs = self._sends.owners  # the C half's, in its order
         if not any(publication.c.fd < 0 for publication, _ in pairs):
             return 0
         for publication, endpoint in pairs:
@@ -207,27 +270,29 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
         """The Python half (see :class:`~slipstream.daemon.agents.agent.Agent`): commands,
         control frames for Python, each publication's duties after a send, its timers.
 
-        A pass due for input, publications or timers alone (no command) visits only the
+        A pass due for input, publications, timers or commands alone visits only the
         members due: the endpoints the C half listed with input (and, the simulator's, those
         it handed input), the publications it listed (``due_members``: a send that needs
         Python, a notice, a receiver's liveness, a spy), the endpoints and publications whose
-        Python timer came (:class:`~slipstream.daemon.agents.agent.DueTimers`), and the
-        publications the endpoints' input made due (:meth:`_due_publications`).  Any other
-        pass visits every one."""
+        Python timer came (:class:`~slipstream.daemon.agents.agent.DueTimers`), those the
+        commands touched (:meth:`_touch`: adding a stream visits that stream and its
+        endpoint, not every one), and the publications the endpoints' input made due
+        (:meth:`_due_publications`).  Any other pass visits every one."""
         work, light = 0, False
         endpoints, pairs = self.endpoints, self._publications
-        listed: set[int] | None = None
+        visited_all = True
         try:
             due = self.c.due
+            listed = self._listed_members()  # the C half's list, before a command moves it
+            self._touched = {}
             work, light = self._run_commands(now_ns)
             if light:
                 return work
-            if work:  # a command may have changed a socket, or the members
-                self._members_changed = True
-            elif not due & ~DUE_MEMBERS_OR_TIMERS and not self._credit_stopped:
-                due_members = self._due_members(now_ns)
-                if due_members is not None:
-                    endpoints, listed = due_members
+            touched, self._touched = self._touched, None
+            if (listed is not None and touched is not None and not self._credit_stopped
+                    and not due & ~(DUE_MEMBERS_OR_TIMERS | network.SS_DUE_COMMANDS)):
+                endpoints, pairs = self._due_members(now_ns, listed, touched)
+                visited_all = False
             for endpoint in endpoints:
                 endpoint.channel.has_python_work = False
                 work += endpoint.transport.dispatch(endpoint.channel, now_ns)
@@ -241,8 +306,6 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
                     for arrived in endpoint.channel.response_setups:
                         self._on_event(arrived)
                     endpoint.channel.response_setups.clear()
-            if listed is not None:
-                pairs = self._due_publications(endpoints, listed)
             self.streams_visited = len(pairs)
             done = None
             for publication, endpoint in pairs:
@@ -272,9 +335,15 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
                 publication.sync_c_half()
                 publication.publish_status()
             if done:
-                self._members_changed = True
-                for publication, endpoint in done:
-                    self._publications.remove((publication, endpoint))
+                for pair in done:
+                    publication, endpoint = pair
+                    self._publications.remove(pair)
+                    del self._pair_of[id(publication)]
+                    del self._order[id(publication)]
+                    self._endpoint_publications.get(id(endpoint), [pair]).remove(pair)
+                    self._member_removed(self._sends, publication.c)
+                    if publication.c.fd < 0:  # the simulator's
+                        self._members_changed = True
                     self._timers.forget(publication)
                     endpoint.channel.remove_publication(publication)
                     self._on_event(PublicationDone(publication))
@@ -287,62 +356,75 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
             # Also after a failure: a publication whose PublicationDone went to the conductor
             # may lose its log at any moment, and the C half must no longer see it.
             if not light:
-                self._sync_c(lambda: self._python_deadline_ns(endpoints, pairs, listed is None),
-                             members_changed=self._members_changed)
+                self._sync_c(lambda: self._python_deadline_ns(endpoints, pairs, visited_all))
         return work
 
-    def _due_members(self, now_ns: int) -> tuple[list[SendEndpoint], set[int]] | None:
-        """What a pass due for its members alone visits (see :meth:`do_python_work`): the
-        endpoints, in the agent's order, and the indices (in ``_c_pairs``) of the publications
-        due by the C half's list or their timer; None when the C half's list is not the current
-        view's (then the pass visits every one)."""
+    def _listed_members(self) -> tuple[list[SendEndpoint], list[Pair]] | None:
+        """The members the C half listed as due (``due_members``): the endpoints and the
+        publications' pairs; None when its list is not the current view's (then the pass
+        visits every member)."""
         c = self.c
-        member_endpoints = self._member_endpoints
+        receivers, sends = self._receivers.owners, self._sends.owners
         if (self._members_changed or c.due_members == network_ffi.NULL
-                or len(member_endpoints) != c.endpoint_count or c.image_count
-                or len(self._c_pairs) != c.publication_count):
+                or len(receivers) != c.endpoint_count or c.image_count
+                or len(sends) != c.publication_count):
             return None
-        endpoint_index, publication_index = self._endpoint_index, self._publication_index
-        endpoints: set[int] = set()
-        publications: set[int] = set()
+        endpoints: list[SendEndpoint] = []
+        publications: list[Pair] = []
         first_publication = c.endpoint_count
         listed = c.due_members
         for k in range(c.due_members_count):
             member = listed[k]
             if member >= first_publication:
-                publications.add(member - first_publication)
+                publications.append(sends[member - first_publication])
             else:
-                endpoints.add(endpoint_index[id(member_endpoints[member])])
-        for timed in self._timers.take_due(now_ns):
-            index = publication_index.get(id(timed))
-            if index is not None:
-                publications.add(index)
-            elif id(timed) in endpoint_index:
-                endpoints.add(endpoint_index[id(timed)])
-        if self._has_virtual_io:  # the simulator's input, handed over outside the C half
-            endpoints.update(i for i, e in enumerate(self.endpoints)
-                             if e.channel.has_python_work)
-        return [self.endpoints[i] for i in sorted(endpoints)], publications
+                endpoints.append(receivers[member])
+        return endpoints, publications
 
-    def _due_publications(self, endpoints: list[SendEndpoint], listed: set[int]
-                          ) -> list[tuple[NetworkPublication, SendEndpoint]]:
-        """The publications a pass due for its members alone visits, in the agent's order:
-        those ``listed``, and of the ``endpoints`` it visited those their input made due (a
-        frame for one makes it due at once: ``next_due_ns`` 0, where a timer of its own leaves
-        a time); every one of a multi-destination endpoint's (its destinations' input may
-        concern them all)."""
-        pairs, by_endpoint = self._c_pairs, self._endpoint_publications
-        endpoint_index = self._endpoint_index
-        visit = set(listed)
-        for endpoint in endpoints:
-            index = endpoint_index.get(id(endpoint))
-            if index is None:
-                continue
-            if endpoint.channel.destinations is not None:
-                visit.update(by_endpoint[index])
+    def _due_members(self, now_ns: int, listed: tuple[list[SendEndpoint], list[Pair]],
+                     touched: dict[int, SendEndpoint | Pair]
+                     ) -> tuple[list[SendEndpoint], list[Pair]]:
+        """What a pass due for its members alone visits (see :meth:`do_python_work`), each
+        in the agent's order: the endpoints ``listed`` (by :meth:`_listed_members`), those
+        ``touched`` and those whose timer came; the publications of the same, with those the
+        endpoints' input made due (:meth:`_due_publications`).  A member that left the agent
+        meanwhile is not visited."""
+        order, pair_of = self._order, self._pair_of
+        endpoints: dict[int, SendEndpoint] = {id(e): e for e in listed[0]}
+        publications = {id(pair[0]): pair for pair in listed[1]}
+        for member in touched.values():
+            if isinstance(member, tuple):
+                publications[id(member[0])] = member
             else:
-                visit.update(i for i in by_endpoint[index] if pairs[i][0].next_due_ns <= 0)
-        return [pairs[i] for i in sorted(visit)]
+                endpoints[id(member)] = member
+        for timed in self._timers.take_due(now_ns):
+            pair = pair_of.get(id(timed))
+            if pair is not None:
+                publications[id(timed)] = pair
+            elif id(timed) in order:
+                endpoints[id(timed)] = timed  # type: ignore[assignment]
+        if self._has_virtual_io:  # the simulator's input, handed over outside the C half
+            endpoints.update((id(e), e) for e in self.endpoints if e.channel.has_python_work)
+        visited = sorted((e for key, e in endpoints.items() if key in order),
+                         key=lambda e: order[id(e)])
+        for pair in self._due_publications(visited):
+            publications[id(pair[0])] = pair
+        return visited, sorted((pair_of[key] for key in publications if key in pair_of),
+                               key=lambda p: order[id(p[0])])
+
+    def _due_publications(self, endpoints: list[SendEndpoint]) -> list[Pair]:
+        """Of the publications of the ``endpoints`` a pass due for its members alone visits,
+        those their input made due (a frame for one makes it due at once: ``next_due_ns`` 0,
+        where a timer of its own leaves a time); every one of a multi-destination endpoint's
+        (its destinations' input may concern them all)."""
+        due: list[Pair] = []
+        for endpoint in endpoints:
+            pairs = self._endpoint_publications.get(id(endpoint), ())
+            if endpoint.channel.destinations is not None:
+                due.extend(pairs)
+            else:
+                due.extend(pair for pair in pairs if pair[0].next_due_ns <= 0)
+        return due
 
     def _python_deadline_ns(self, endpoints: list[SendEndpoint],
                             pairs: list[tuple[NetworkPublication, SendEndpoint]],
@@ -392,15 +474,5 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
                 or any(p.c.fd < 0 for p, _ in self._publications))
 
     def _c_view(self) -> tuple[list, list, list]:
-        self._members_changed = False
-        endpoints = self.endpoints
-        self._c_pairs = pairs = list(self._publications)  # the C half's, in its order
-        self._member_endpoints = [e for e in endpoints if e.channel.c.fd >= 0]
-        self._endpoint_index = {id(e): i for i, e in enumerate(endpoints)}
-        self._publication_index = {id(p): i for i, (p, _) in enumerate(pairs)}
-        self._endpoint_publications = by_endpoint = [[] for _ in endpoints]
-        for i, (_, endpoint) in enumerate(pairs):
-            index = self._endpoint_index.get(id(endpoint))
-            if index is not None:
-                by_endpoint[index].append(i)
-        return [e.channel.c for e in self._member_endpoints], [], [p.c for p, _ in pairs]
+        return ([(e.channel.c, e) for e in self.endpoints if e.channel.c.fd >= 0], [],
+                [(pair[0].c, pair) for pair in self._publications])

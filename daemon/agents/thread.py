@@ -91,8 +91,13 @@ class NetworkThread:
         for doorbell in self.doorbells:
             self._epoll.register(doorbell.fileno(), select.EPOLLIN)
         self._registered: dict[object, int] = {}  # id(transport) (or a socket of one) -> fd
-        #: Each endpoint's sockets as _wanted_sockets last found them, by id(endpoint).
+        #: Each endpoint's sockets as _sync_sockets last found them, by id(endpoint), and
+        #: whether they may change (a multi-destination subscription's).
         self._endpoint_sockets: dict[int, tuple[object, dict[object, int], bool]] = {}
+        #: The endpoints whose sockets _sync_sockets has yet to register or unregister, and
+        #: those whose sockets may change, which it looks at every call (by id).
+        self._pending_endpoints: dict[int, object] = {}
+        self._changing_endpoints: dict[int, object] = {}
         self._told_unregistered = False  # the warning that epoll refused a socket, once
         self._poll_events: Any = None  # the loop's poll array (ss_duty_loop_t.poll_events)
         #: The C loop (ss_duty_loop_t): its agents' C halves, the idle strategy and the park.
@@ -165,8 +170,8 @@ class NetworkThread:
                         work += agent.do_python_work(now)
                 self.counters.add(SystemCounter.NETWORK_PYTHON_PASSES)
                 # The endpoints and their sockets change by the agents' commands alone: the
-                # sockets are listed again after one that may have changed them, and until
-                # epoll took them all.
+                # endpoints added or removed have their sockets registered or unregistered
+                # after one that may have changed them, and until epoll took them all.
                 member_commands = sum(agent.member_commands for agent in agents)
                 if member_commands != commands_seen and self._sync_sockets():
                     commands_seen = member_commands
@@ -188,35 +193,62 @@ class NetworkThread:
             now = c.now_ns
 
     def _sync_sockets(self) -> bool:
-        """Register the sockets of the agents' current endpoints with epoll (they come and go
-        by the conductor's commands, run on this thread).  False when epoll refused one: the
-        loop reads every socket meanwhile, and asks again at its next pass."""
-        wanted = self._wanted_sockets()
-        if wanted == self._registered:
+        """Register with epoll the sockets of the endpoints the agents added since the last
+        call, and unregister those of the endpoints they removed (they come and go by the
+        conductor's commands, run on this thread); a multi-destination subscription's, whose
+        destinations come and go, are looked at every call.  Adding a stream costs no look
+        at every endpoint.  False when epoll refused one: the loop reads every socket
+        meanwhile, and the next call tries again."""
+        pending = self._pending_endpoints
+        for agent in self.agents:
+            pending.update(agent.take_endpoint_changes())
+        known, changing = self._endpoint_sockets, self._changing_endpoints
+        for key, endpoint in changing.items():
+            pending.setdefault(key, endpoint)
+        if not pending:
             return True
+        registered = self._registered
+        unregister: dict[object, int] = {}
+        register: dict[object, int] = {}
+        for key, endpoint in pending.items():
+            entry = known.pop(key, None)
+            changing.pop(key, None)
+            sockets: dict[object, int] = {}
+            if any(agent.serves(endpoint) for agent in self.agents):
+                sockets, may_change = _sockets_of(endpoint.transport)  # type: ignore[attr-defined]
+                known[key] = (endpoint, sockets, may_change)
+                if may_change:
+                    changing[key] = endpoint
+            if entry is not None:
+                unregister.update((k, fd) for k, fd in entry[1].items() if sockets.get(k) != fd)
+            register.update((k, fd) for k, fd in sockets.items() if registered.get(k) != fd)
         # Room for every registered descriptor's event in the loop's poll (ss_duty_loop_t),
         # and one more: a poll that fills the array reads every socket.
-        capacity = len(wanted) + len(self.doorbells) + 2
+        capacity = len(registered) + len(register) + len(self.doorbells) + 2
         if capacity > self.c.poll_capacity:
             capacity *= 2
             self._poll_events = network_ffi.new("uint8_t[]",
                                                 capacity * network.ss_epoll_event_size())
             self.c.poll_events, self.c.poll_capacity = self._poll_events, capacity
-        for _, fd in self._registered.items() - wanted.items():
+        for key, fd in unregister.items():
+            if registered.get(key) == fd:
+                del registered[key]
             with contextlib.suppress(OSError, ValueError):
                 self._epoll.unregister(fd)
         unregistered: OSError | None = None
-        for _, fd in wanted.items() - self._registered.items():
+        for key, fd in register.items():
             try:
                 self._epoll.register(fd, select.EPOLLIN)
             except FileExistsError:
                 pass
             except OSError as e:  # ENOSPC (max_user_watches), ENOMEM
                 unregistered = e
+                continue
+            registered[key] = fd
         if unregistered is not None:
             # A socket epoll does not watch would never be marked readable: without the
             # poll's array the loop reads every socket each cycle, as below
-            # SS_POLL_ENDPOINTS_MIN endpoints, and the next pass registers them again.
+            # SS_POLL_ENDPOINTS_MIN endpoints, and the next call registers them again.
             self._poll_events = None
             self.c.poll_events, self.c.poll_capacity = network_ffi.NULL, 0
             if not self._told_unregistered:
@@ -224,32 +256,12 @@ class NetworkThread:
                 log.warning("epoll refused a socket (%s): the network thread reads every "
                             "socket each cycle until it takes them all", unregistered)
             return False
-        self._registered = wanted
+        pending.clear()
         return True
-
-    def _wanted_sockets(self) -> dict[object, int]:
-        """The sockets of the agents' current endpoints, by id(transport) (a
-        multi-destination subscription's by its transport, generation and descriptor: a
-        socket closed and another opened with its number is registered again).  An
-        endpoint's socket is fixed once it is made, so each is looked up as it comes (adding
-        a stream costs no look at every endpoint's transport); a multi-destination
-        subscription's, whose destinations come and go, at every call."""
-        wanted: dict[object, int] = {}
-        known = self._endpoint_sockets
-        seen: dict[int, tuple[object, dict[object, int], bool]] = {}
-        for agent in self.agents:
-            for endpoint in agent.endpoints:
-                entry = known.get(id(endpoint))
-                if entry is None or entry[0] is not endpoint or entry[2]:
-                    entry = (endpoint, *_sockets_of(endpoint.transport))
-                seen[id(endpoint)] = entry
-                wanted.update(entry[1])
-        self._endpoint_sockets = seen
-        return wanted
 
 
 def _sockets_of(transport: object) -> tuple[dict[object, int], bool]:
-    """An endpoint transport's sockets (see NetworkThread._wanted_sockets), and whether they
+    """An endpoint transport's sockets (see NetworkThread._sync_sockets), and whether they
     may change (a multi-destination subscription's)."""
     sockets: dict[object, int] = {}
     fd = getattr(transport, "fd", None)

@@ -43,6 +43,7 @@ Units: times in ns, sizes in bytes.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import NamedTuple
 
 from slipstream.client.channel import Channel
@@ -152,6 +153,10 @@ class _LeftEnd(NamedTuple):
 _NOT_FOR_A_RECEIVER = frozenset((HDR_TYPE_NAK, HDR_TYPE_SM, HDR_TYPE_ERR, HDR_TYPE_RSP_SETUP))
 
 
+def ignore_member_change(member: object, image: bool, added: bool) -> None:
+    """A channel's ``on_member_change`` while no agent serves it."""
+
+
 class ReceiveChannel:
     """All images of one receive endpoint.  See the module docstring."""
 
@@ -198,6 +203,10 @@ class ReceiveChannel:
         self._join_round = 0
         self._next_join_ns = NO_DEADLINE
         self.images: dict[tuple[int, int], PublicationImage] = {}
+        #: Called as (member, image, added) when a C member it holds comes or goes: an
+        #: image's ``ss_image_t *`` (image True) or a destination's ``ss_receiver_t *``; the
+        #: agent that serves the channel follows in its C half's view.
+        self.on_member_change: Callable[[object, bool, bool], None] = ignore_member_change
         self._subscriptions: dict[int, set[int] | None] = {}  # stream -> sessions (None: all)
         self._pending_setup: dict[tuple[int, int], int] = {}  # -> expiry ns
         self._pending_image: dict[tuple[int, int], int] = {}  # -> expiry ns
@@ -335,12 +344,15 @@ class ReceiveChannel:
             receiver.control_address_length = len(raw)
         self._destinations[index] = (receiver, control)
         self._share_tables()
+        self.on_member_change(receiver, False, True)
 
     def detach_destination(self, index: int) -> None:
         """Destination ``index`` is removed: its receiver no longer reads into the images, and
         their paths through it end (no more status messages or NAKs that way)."""
-        if self._destinations.pop(index, None) is None:
+        destination = self._destinations.pop(index, None)
+        if destination is None:
             return
+        self.on_member_change(destination[0], False, False)
         for image in self.images.values():
             image.drop_connection(index)
 
@@ -411,6 +423,7 @@ class ReceiveChannel:
                 and left_end.framing == image.log.identity.framing):
             image.missed_before_join(left_end.position)
         self.images[key] = image
+        self.on_member_change(image.c, True, True)
         if self.is_response:
             self._answered.add(key)
         if self.multi_destination:
@@ -626,6 +639,7 @@ class ReceiveChannel:
         if done:
             for key in done:
                 image = self.images.pop(key)
+                self.on_member_change(image.c, True, False)
                 self._events.append(ImageDone(self, image))
                 self._answered.discard(key)  # a response session is asked for again
                 # One left behind joins again at once, if it got anywhere: one left behind as

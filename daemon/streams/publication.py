@@ -94,6 +94,10 @@ from slipstream.daemon.streams.states import (
 
 #: AERON_NETWORK_PUBLICATION_HEARTBEAT_TIMEOUT_NS.
 HEARTBEAT_TIMEOUT_NS = network.SS_HEARTBEAT_TIMEOUT_NS
+#: An idle publication's look for a blocked publisher waits for the next whole this-many-th
+#: of the unblock timeout (see NetworkPublication._blocked_look_ns): 470 ms at the default
+#: 15 s, so a thousand idle streams cost the sender about two Python passes a second.
+BLOCKED_LOOK_GRAINS = 32
 #: ``ss_publication_limit_step``'s cap below every position: offers refused, cleaning only.
 _REFUSING = -NO_DEADLINE
 
@@ -721,6 +725,16 @@ class NetworkPublication(OfOneLog):
         self._next_due_ns = self.next_deadline_ns()
         return out
 
+    def _blocked_look_ns(self) -> int:
+        """When an idle publication next looks for a blocked publisher: half the unblock
+        timeout after its last look, rounded up to a whole BLOCKED_LOOK_GRAINS-th of the
+        timeout, so that the looks of streams made at different times fall in one Python
+        pass of the sender, not one pass each (the look is a sweep: a publisher found held
+        still gets the whole timeout, from that look)."""
+        grain = max(1, self.unblock_timeout_ns // BLOCKED_LOOK_GRAINS)
+        look = self._time_of_last_blocked_check_ns + self.unblock_timeout_ns // 2
+        return -(-look // grain) * grain
+
     def _check_for_blocked_publisher(self, now_ns: int) -> None:
         """A publisher that died between claim and commit leaves a claimed frame (or a hole
         before later frames) at snd-pos, which the data path never passes: once snd-pos has
@@ -872,9 +886,11 @@ class NetworkPublication(OfOneLog):
                     self.c, self._receivers.earliest_status_message_ns()))
         if self.state in (PublicationState.ACTIVE, PublicationState.DRAINING):
             # The blocked check: its timeout once held, else a look each half timeout.
-            deadline = min(deadline, self._time_of_last_sender_progress_ns
-                           + self.unblock_timeout_ns + 1 if self._seen_held else
-                           self._time_of_last_blocked_check_ns + self.unblock_timeout_ns // 2)
+            if self._seen_held:
+                deadline = min(deadline, self._time_of_last_sender_progress_ns
+                               + self.unblock_timeout_ns + 1)
+            else:
+                deadline = min(deadline, self._blocked_look_ns())
         if self.state is PublicationState.DRAINING:
             end = self.log.producer_position()
             if ((end <= self.sender_position or not self._receivers)
