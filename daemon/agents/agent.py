@@ -158,6 +158,7 @@ class MemberArray:
         if moved:
             network_ffi.memmove(self.array + i, self.array + i + 1, moved * self._size)
         del members[i], self.owners[i]
+        self.array[len(members)] = network_ffi.NULL  # no copy of it left behind
         return True
 
     def remove_owned_by(self, owner: object) -> list:
@@ -186,8 +187,9 @@ class Agent(Generic[Endpoint, Command]):
         self._next_order = 0
         #: The endpoints added or removed since the network thread last took them
         #: (:meth:`take_endpoint_changes`), by id: it registers their sockets with its poll,
-        #: or unregisters them, without a look at the other endpoints.
-        self._endpoint_changes: dict[int, Endpoint] = {}
+        #: or unregisters them, without a look at the other endpoints.  Kept only for a
+        #: thread that takes them (:meth:`track_endpoint_changes`).
+        self._endpoint_changes: dict[int, Endpoint] | None = None
         self._commands: deque[Command] = deque()
         #: The C half's view of this agent (ss_agent_t); :meth:`_sync_c` keeps it current.
         self.c = c = network_ffi.new("ss_agent_t *")
@@ -234,7 +236,8 @@ class Agent(Generic[Endpoint, Command]):
     def add_endpoint(self, endpoint: Endpoint) -> None:
         self.endpoints.append(endpoint)
         self._endpoint_ids[id(endpoint)] = endpoint
-        self._endpoint_changes[id(endpoint)] = endpoint
+        if self._endpoint_changes is not None:
+            self._endpoint_changes[id(endpoint)] = endpoint
         self._place(endpoint)
 
     def remove_endpoint(self, endpoint: Endpoint) -> None:
@@ -242,7 +245,8 @@ class Agent(Generic[Endpoint, Command]):
         if self.serves(endpoint):
             self.endpoints.remove(endpoint)
             del self._endpoint_ids[id(endpoint)], self._order[id(endpoint)]
-            self._endpoint_changes[id(endpoint)] = endpoint
+            if self._endpoint_changes is not None:
+                self._endpoint_changes[id(endpoint)] = endpoint
 
     def _place(self, member: object) -> None:
         """``member`` (an endpoint, a publication) goes last in the agent's order."""
@@ -258,10 +262,16 @@ class Agent(Generic[Endpoint, Command]):
         """Whether ``endpoint`` is one of the agent's endpoints."""
         return self._endpoint_ids.get(id(endpoint)) is endpoint
 
+    def track_endpoint_changes(self) -> dict[int, Endpoint]:
+        """From now on keep the endpoints added or removed for :meth:`take_endpoint_changes`
+        (the network thread that polls their sockets calls this once); returns the
+        endpoints there are now, by id."""
+        self._endpoint_changes = {}
+        return dict(self._endpoint_ids)
+
     def take_endpoint_changes(self) -> dict[int, Endpoint]:
-        """The endpoints added or removed since the last call, by id (the network thread's,
-        for its poll)."""
-        changes, self._endpoint_changes = self._endpoint_changes, {}
+        """The endpoints added or removed since the last call, by id."""
+        changes, self._endpoint_changes = self._endpoint_changes or {}, {}
         return changes
 
     def _run_commands(self, now_ns: int) -> tuple[int, bool]:
@@ -340,15 +350,21 @@ class Agent(Generic[Endpoint, Command]):
         self.c.python_deadline_ns = python_deadline_ns()
 
     def _sync_members(self) -> None:
-        """The C half's arrays made anew from :meth:`_c_view`."""
+        """The C half's arrays made anew from :meth:`_c_view`.  If that fails the C half
+        sees no member (not one that may have gone) until a later call succeeds."""
         self._members_changed = True  # until they are made
-        receivers, images, publications = self._c_view()
-        self._receivers.reset(receivers)
-        self._images.reset(images)
-        self._sends.reset(publications)
-        self._tables = self._by_fd()
-        self._point_c()
-        self._has_virtual_io = self._virtual_members()
+        try:
+            receivers, images, publications = self._c_view()
+            self._receivers.reset(receivers)
+            self._images.reset(images)
+            self._sends.reset(publications)
+            self._point_c()
+            self._tables = self._by_fd()
+            self._has_virtual_io = self._virtual_members()
+        except BaseException:
+            c = self.c
+            c.endpoint_count = c.image_count = c.publication_count = c.heartbeat_count = 0
+            raise
         self._members_changed = False
 
     def _member_added(self, view: MemberArray, member: object, owner: object) -> None:
@@ -358,6 +374,7 @@ class Agent(Generic[Endpoint, Command]):
         if self._members_changed:
             return
         view.append(member, owner)
+        self._point_c()  # before the array it may have outgrown is freed
         by_fd, marks, heap, keys = self._tables
         c = self.c
         if view is self._receivers and member.fd >= 0:  # type: ignore[attr-defined]
@@ -384,6 +401,8 @@ class Agent(Generic[Endpoint, Command]):
             return
         self._forget_fd(view, member)
         self._point_c()
+        if view is self._sends:  # the heartbeats' heap holds indices: keyed anew by _sync_c
+            self.c.heartbeat_count = 0
 
     def _members_removed(self, view: MemberArray, owner: object) -> None:
         """Every member of ``view`` that ``owner`` owns left."""
@@ -392,6 +411,8 @@ class Agent(Generic[Endpoint, Command]):
         for member in view.remove_owned_by(owner):
             self._forget_fd(view, member)
         self._point_c()
+        if view is self._sends:
+            self.c.heartbeat_count = 0
 
     def _forget_fd(self, view: MemberArray, member: object) -> None:
         """An endpoint's receiver that left is no longer found by its fd."""

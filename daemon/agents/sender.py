@@ -187,7 +187,7 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
         endpoint.transport.attach_channel(endpoint.channel)
         super().add_endpoint(endpoint)
         self._endpoint_of[id(endpoint.channel)] = endpoint
-        self._endpoint_publications[id(endpoint)] = []
+        self._endpoint_publications.setdefault(id(endpoint), [])
         if endpoint.channel.c.fd >= 0:
             self._member_added(self._receivers, endpoint.channel.c, endpoint)
         else:  # the simulator's
@@ -340,7 +340,9 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
                     self._publications.remove(pair)
                     del self._pair_of[id(publication)]
                     del self._order[id(publication)]
-                    self._endpoint_publications.get(id(endpoint), [pair]).remove(pair)
+                    of_endpoint = self._endpoint_publications.get(id(endpoint), [])
+                    if pair in of_endpoint:
+                        of_endpoint.remove(pair)
                     self._member_removed(self._sends, publication.c)
                     if publication.c.fd < 0:  # the simulator's
                         self._members_changed = True
@@ -349,7 +351,8 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
                     self._on_event(PublicationDone(publication))
                 work += len(done)
         except BaseException:
-            # Timers this pass took may not be set again: the next pass visits every member.
+            # A member may have come or gone halfway: the C half's view is made anew (and
+            # the timers this pass took are set again for the members it was to visit).
             self._members_changed = True
             raise
         finally:

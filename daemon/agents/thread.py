@@ -98,6 +98,8 @@ class NetworkThread:
         #: those whose sockets may change, which it looks at every call (by id).
         self._pending_endpoints: dict[int, object] = {}
         self._changing_endpoints: dict[int, object] = {}
+        for agent in self.agents:
+            self._pending_endpoints.update(agent.track_endpoint_changes())
         self._told_unregistered = False  # the warning that epoll refused a socket, once
         self._poll_events: Any = None  # the loop's poll array (ss_duty_loop_t.poll_events)
         #: The C loop (ss_duty_loop_t): its agents' C halves, the idle strategy and the park.
@@ -209,42 +211,54 @@ class NetworkThread:
             return True
         registered = self._registered
         unregister: dict[object, int] = {}
-        register: dict[object, int] = {}
+        # Each endpoint's sockets as they are to be (None: it is gone).
+        wanted: dict[int, tuple[object, dict[object, int], bool] | None] = {}
         for key, endpoint in pending.items():
-            entry = known.pop(key, None)
-            changing.pop(key, None)
+            entry = known.get(key)
             sockets: dict[object, int] = {}
+            wanted[key] = None
             if any(agent.serves(endpoint) for agent in self.agents):
                 sockets, may_change = _sockets_of(endpoint.transport)  # type: ignore[attr-defined]
-                known[key] = (endpoint, sockets, may_change)
-                if may_change:
-                    changing[key] = endpoint
+                wanted[key] = (endpoint, sockets, may_change)
             if entry is not None:
                 unregister.update((k, fd) for k, fd in entry[1].items() if sockets.get(k) != fd)
-            register.update((k, fd) for k, fd in sockets.items() if registered.get(k) != fd)
         # Room for every registered descriptor's event in the loop's poll (ss_duty_loop_t),
         # and one more: a poll that fills the array reads every socket.
-        capacity = len(registered) + len(register) + len(self.doorbells) + 2
+        capacity = (len(registered) + sum(len(w[1]) for w in wanted.values() if w is not None)
+                    + len(self.doorbells) + 2)
         if capacity > self.c.poll_capacity:
             capacity *= 2
             self._poll_events = network_ffi.new("uint8_t[]",
                                                 capacity * network.ss_epoll_event_size())
             self.c.poll_events, self.c.poll_capacity = self._poll_events, capacity
-        for key, fd in unregister.items():
+        for key, fd in unregister.items():  # first: a descriptor may be reused below
             if registered.get(key) == fd:
                 del registered[key]
             with contextlib.suppress(OSError, ValueError):
                 self._epoll.unregister(fd)
         unregistered: OSError | None = None
-        for key, fd in register.items():
-            try:
-                self._epoll.register(fd, select.EPOLLIN)
-            except FileExistsError:
-                pass
-            except OSError as e:  # ENOSPC (max_user_watches), ENOMEM
-                unregistered = e
+        for key, entry in wanted.items():
+            known.pop(key, None)
+            changing.pop(key, None)
+            if entry is None:
                 continue
-            registered[key] = fd
+            endpoint, sockets, may_change = entry
+            for socket_key, fd in sockets.items():
+                if registered.get(socket_key) == fd:
+                    continue
+                try:
+                    self._epoll.register(fd, select.EPOLLIN)
+                except FileExistsError:
+                    pass
+                except OSError as e:  # ENOSPC (max_user_watches), ENOMEM
+                    unregistered = e
+                    continue
+                registered[socket_key] = fd
+            # What epoll took of them: the next call registers the rest.
+            known[key] = (endpoint, {k: fd for k, fd in sockets.items()
+                                     if registered.get(k) == fd}, may_change)
+            if may_change:
+                changing[key] = endpoint
         if unregistered is not None:
             # A socket epoll does not watch would never be marked readable: without the
             # poll's array the loop reads every socket each cycle, as below
@@ -255,6 +269,10 @@ class NetworkThread:
                 self._told_unregistered = True
                 log.warning("epoll refused a socket (%s): the network thread reads every "
                             "socket each cycle until it takes them all", unregistered)
+            # Those not taken whole are looked at again by the next call.
+            for key in [k for k, w in wanted.items()
+                        if w is None or len(known[k][1]) == len(w[1])]:
+                del pending[key]
             return False
         pending.clear()
         return True

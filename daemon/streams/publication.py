@@ -94,9 +94,9 @@ from slipstream.daemon.streams.states import (
 
 #: AERON_NETWORK_PUBLICATION_HEARTBEAT_TIMEOUT_NS.
 HEARTBEAT_TIMEOUT_NS = network.SS_HEARTBEAT_TIMEOUT_NS
-#: An idle publication's look for a blocked publisher waits for the next whole this-many-th
-#: of the unblock timeout (see NetworkPublication._blocked_look_ns): 470 ms at the default
-#: 15 s, so a thousand idle streams cost the sender about two Python passes a second.
+#: An idle publication's looks for a blocked publisher fall on whole this-many-ths of the
+#: unblock timeout (see NetworkPublication._blocked_look_ns): 470 ms at the default 15 s,
+#: so a thousand idle streams cost the sender about two Python passes a second.
 BLOCKED_LOOK_GRAINS = 32
 #: ``ss_publication_limit_step``'s cap below every position: offers refused, cleaning only.
 _REFUSING = -NO_DEADLINE
@@ -727,12 +727,14 @@ class NetworkPublication(OfOneLog):
 
     def _blocked_look_ns(self) -> int:
         """When an idle publication next looks for a blocked publisher: half the unblock
-        timeout after its last look, rounded up to a whole BLOCKED_LOOK_GRAINS-th of the
-        timeout, so that the looks of streams made at different times fall in one Python
-        pass of the sender, not one pass each (the look is a sweep: a publisher found held
-        still gets the whole timeout, from that look)."""
+        timeout after the start of the BLOCKED_LOOK_GRAINS-th of the timeout its last look
+        fell in, so that the looks of streams made at different times fall in one Python
+        pass of the sender, not one pass each, still half a timeout apart (a look is at most
+        a grain early, never late; a publisher found held still gets the whole timeout from
+        that look)."""
         grain = max(1, self.unblock_timeout_ns // BLOCKED_LOOK_GRAINS)
-        look = self._time_of_last_blocked_check_ns + self.unblock_timeout_ns // 2
+        look = (self._time_of_last_blocked_check_ns // grain * grain
+                + self.unblock_timeout_ns // 2)
         return -(-look // grain) * grain
 
     def _check_for_blocked_publisher(self, now_ns: int) -> None:
