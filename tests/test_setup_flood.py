@@ -599,8 +599,11 @@ def test_a_refused_streams_publication_hears_why_and_its_driver_logs_it(launch) 
 
         wait_for(lambda: shown()["image_source_memory_limit"] == (2 * log_length, limit),
                  what="the source's two logs of the bound shown")
+        # Once data came to both images (the conductor looks on its timer), no image is
+        # unheard, and no log is being made.
+        wait_for(lambda: shown()["image_source_max_images"][0] == 0,
+                 what="both images heard from")
         found = shown()
-        # Data came to both images, and no log is being made.
         defaults = DriverSettings()
         assert found["image_source_max_images"] == (0, defaults.image_source_max_images)
         assert found["image_pending_max"] == (0, defaults.image_pending_max)

@@ -281,6 +281,7 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
         work, light = 0, False
         endpoints, pairs = self.endpoints, self._publications
         visited_all = True
+        due_pairs: dict[int, Pair] = {}
         try:
             due = self.c.due
             listed = self._listed_members()  # the C half's list, before a command moves it
@@ -291,7 +292,7 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
             touched, self._touched = self._touched, None
             if (listed is not None and touched is not None and not self._credit_stopped
                     and not due & ~(DUE_MEMBERS_OR_TIMERS | network.SS_DUE_COMMANDS)):
-                endpoints, pairs = self._due_members(now_ns, listed, touched)
+                endpoints, due_pairs = self._due_members(now_ns, listed, touched)
                 visited_all = False
             for endpoint in endpoints:
                 endpoint.channel.has_python_work = False
@@ -306,6 +307,8 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
                     for arrived in endpoint.channel.response_setups:
                         self._on_event(arrived)
                     endpoint.channel.response_setups.clear()
+            if not visited_all:  # with those the endpoints' input just made due
+                pairs = self._due_pairs(endpoints, due_pairs)
             self.streams_visited = len(pairs)
             done = None
             for publication, endpoint in pairs:
@@ -386,12 +389,12 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
 
     def _due_members(self, now_ns: int, listed: tuple[list[SendEndpoint], list[Pair]],
                      touched: dict[int, SendEndpoint | Pair]
-                     ) -> tuple[list[SendEndpoint], list[Pair]]:
-        """What a pass due for its members alone visits (see :meth:`do_python_work`), each
-        in the agent's order: the endpoints ``listed`` (by :meth:`_listed_members`), those
-        ``touched`` and those whose timer came; the publications of the same, with those the
-        endpoints' input made due (:meth:`_due_publications`).  A member that left the agent
-        meanwhile is not visited."""
+                     ) -> tuple[list[SendEndpoint], dict[int, Pair]]:
+        """What a pass due for its members alone visits (see :meth:`do_python_work`): the
+        endpoints ``listed`` (by :meth:`_listed_members`), those ``touched`` and those whose
+        timer came, in the agent's order; the publications of the same, by id (those the
+        endpoints' input makes due join them once it is read: :meth:`_due_pairs`).  A
+        member that left the agent meanwhile is not visited."""
         order, pair_of = self._order, self._pair_of
         endpoints: dict[int, SendEndpoint] = {id(e): e for e in listed[0]}
         publications = {id(pair[0]): pair for pair in listed[1]}
@@ -408,12 +411,18 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
                 endpoints[id(timed)] = timed  # type: ignore[assignment]
         if self._has_virtual_io:  # the simulator's input, handed over outside the C half
             endpoints.update((id(e), e) for e in self.endpoints if e.channel.has_python_work)
-        visited = sorted((e for key, e in endpoints.items() if key in order),
-                         key=lambda e: order[id(e)])
-        for pair in self._due_publications(visited):
+        return self._in_order(endpoints.values()), publications
+
+    def _due_pairs(self, endpoints: list[SendEndpoint], publications: dict[int, Pair]
+                   ) -> list[Pair]:
+        """The publications a pass due for its members alone visits, in the agent's order:
+        ``publications`` (by id) and those the ``endpoints``' input made due
+        (:meth:`_due_publications`), each still the agent's."""
+        for pair in self._due_publications(endpoints):
             publications[id(pair[0])] = pair
-        return visited, sorted((pair_of[key] for key in publications if key in pair_of),
-                               key=lambda p: order[id(p[0])])
+        pair_of, order = self._pair_of, self._order
+        return sorted((pair_of[key] for key in publications if key in pair_of),
+                      key=lambda p: order[id(p[0])])
 
     def _due_publications(self, endpoints: list[SendEndpoint]) -> list[Pair]:
         """Of the publications of the ``endpoints`` a pass due for its members alone visits,
