@@ -123,6 +123,11 @@ ERR_HEADER: Final = struct.Struct("<iBBHiiqqii")
 ERR_HEADER_LENGTH: Final = ERR_HEADER.size  # 40
 ERR_MAX_TEXT_LENGTH: Final = 1023
 ERR_HAS_GROUP_TAG_FLAG: Final = 0x08
+#: ERR frame error codes (Aeron's ErrorCode): a refusal that passes as the receiver's load
+#: does (logs in the making, images not yet heard), no room for the image, the image refused.
+ERR_CODE_RESOURCE_TEMPORARILY_UNAVAILABLE: Final = 10
+ERR_CODE_STORAGE_SPACE: Final = 12
+ERR_CODE_IMAGE_REJECTED: Final = 13
 
 # session_id stream_id response_session_id
 RSP_SETUP_FRAME: Final = struct.Struct("<iBBHiii")

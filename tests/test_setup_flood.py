@@ -30,6 +30,7 @@ from slipstream.client.channel import parse_channel
 from slipstream.client.counters import CountersFile, capacities, parse_position_label
 from slipstream.client.frames import ErrorFrame, Setup, StatusMessage, decode, heartbeat
 from slipstream.client.layout import (
+    ERR_CODE_RESOURCE_TEMPORARILY_UNAVAILABLE,
     META_DEFAULT_FRAME_HEADER,
     PARTITION_COUNT,
     SESSION_ID_FIELD,
@@ -640,6 +641,37 @@ def test_a_publications_refusals_count_every_err_and_the_next_notice_tells_the_t
         wait_for(lambda: publication.last_refusal is not None
                  and publication.last_refusal.refusals == came, timeout=10,
                  what=f"the {came} refusals that came counted")
+
+
+def test_a_publication_refused_for_a_while_asks_again_each_cool_down(launch) -> None:
+    """A receiver (a plain socket) answers each SETUP with an ERR for a cause that passes
+    with its load (RESOURCE_TEMPORARILY_UNAVAILABLE: its logs being made): each SETUP comes
+    1 s after the last, the receiver's cool-down, however many were refused (a lasting
+    cause's come further apart each time: the test below)."""
+    code, intervals = ERR_CODE_RESOURCE_TEMPORARILY_UNAVAILABLE, (1.0, 1.0, 1.0)
+    publishing = launch()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver, \
+            Client.connect(publishing.directory) as publisher:
+        receiver.bind(("127.0.0.1", 0))
+        publisher.add_publication(
+            f"aeron:udp?endpoint=127.0.0.1:{receiver.getsockname()[1]}", STREAM)
+        receiver.settimeout(0.1)
+        setups: list[float] = []
+        start = time.monotonic()
+        while time.monotonic() - start < sum(intervals) + 0.5:
+            try:
+                data, source = receiver.recvfrom(2048)
+            except TimeoutError:
+                continue
+            frame = decode(data)
+            if isinstance(frame, Setup):
+                setups.append(time.monotonic())
+                receiver.sendto(ErrorFrame(frame.session_id, STREAM, 77, code,
+                                           "busy here").encode(), source)
+        gaps = [b - a for a, b in itertools.pairwise(setups)]
+        assert len(gaps) == len(intervals), gaps
+        for gap, interval in zip(gaps, intervals, strict=True):
+            assert interval * 0.9 < gap < interval + 0.5, gaps
 
 
 def test_a_refused_publication_backs_its_setups_off_until_a_receiver_asks(launch) -> None:

@@ -59,6 +59,9 @@ from slipstream.client.frames import (
     decode,
 )
 from slipstream.client.layout import (
+    ERR_CODE_IMAGE_REJECTED,
+    ERR_CODE_RESOURCE_TEMPORARILY_UNAVAILABLE,
+    ERR_CODE_STORAGE_SPACE,
     FRAME_ALIGNMENT,
     FRAME_HEADER_LENGTH,
     HDR_TYPE_DATA,
@@ -119,9 +122,6 @@ RESPONSE_REQUEST_ROUNDS = 4
 DEFAULT_COOL_DOWN_NS = 1_000_000_000
 #: How long a SETUP waits for the conductor's image before it may ask again.
 PENDING_IMAGE_TIMEOUT_NS = 1_000_000_000
-#: ERR frame error codes (Aeron's ErrorCode).
-ERROR_CODE_STORAGE_SPACE = 12
-ERROR_CODE_IMAGE_REJECTED = 13
 #: The most refused streams (source, session, stream) an endpoint answers with an ERR per
 #: cool-down: a legitimate peer's refused streams are each told, a flood's new sessions
 #: draw at most this many ERRs a cool-down.
@@ -443,24 +443,28 @@ class ReceiveChannel:
             setting = ("max-term-length" if self.channel.max_term_length is not None
                        else "image_term_buffer_length_max")
             return (f"term length {setup.term_length} is over this receiver's "
-                    f"{setting} of {limit}", ERROR_CODE_STORAGE_SPACE)
+                    f"{setting} of {limit}", ERR_CODE_STORAGE_SPACE)
         window = min(self.params.receiver_window_length, setup.term_length // 2)
         if setup.mtu > window:
             self.counters.add(SystemCounter.IMAGES_REJECTED)
             return (f"the sender's mtu {setup.mtu} is more than this receiver's window "
-                    f"{window} (rcv-wnd, at most half a term)", ERROR_CODE_IMAGE_REJECTED)
+                    f"{window} (rcv-wnd, at most half a term)", ERR_CODE_IMAGE_REJECTED)
         return None
 
     def reject_image(self, request: ImageRequested, now_ns: int, reason: str,
-                     code: int = ERROR_CODE_STORAGE_SPACE, *, lasting: bool = True) -> int | None:
+                     code: int = ERR_CODE_STORAGE_SPACE, *, lasting: bool = True) -> int | None:
         """The image of ``request`` is not made (the conductor's bounds, no space, counters
         full; or this receiver's own refusal): the session cools down (twice as long as
         last time when refused again soon for a ``lasting`` cause) and its sender hears
-        why (an ERR frame, docs/PROTOCOL.md §1.7) at this refusal, within ERR_STREAMS_MAX
-        streams per cool-down.  Returns None when the refusal is not to be logged (one of
+        why (an ERR frame of ``code``, docs/PROTOCOL.md §1.7; RESOURCE_TEMPORARILY_UNAVAILABLE
+        for a cause that is not ``lasting``, so that the sender asks again after the
+        cool-down, not ever later) at this refusal, within ERR_STREAMS_MAX streams per
+        cool-down.  Returns None when the refusal is not to be logged (one of
         its source's was, within the interval), else how many of that source's were not
         since the last logged."""
         key = (request.setup.session_id, request.setup.stream_id)
+        if not lasting:
+            code = ERR_CODE_RESOURCE_TEMPORARILY_UNAVAILABLE
         self._pending_image.pop(key, None)
         self._cool_down[key] = now_ns + (self._refused_cool_down(key, now_ns) if lasting
                                          else self.cool_down_ns)

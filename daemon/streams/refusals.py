@@ -8,7 +8,9 @@ reason for the conductor to log, and decides what it changes:
   (``ERR_SOURCE_MISMATCH_DROPS``), not logged;
 * one naming no live receiver changes no receiver; while the publication has none, its SETUPs
   back off (:meth:`PublicationSetups.back_off
-  <slipstream.daemon.streams.setups.PublicationSetups.back_off>`);
+  <slipstream.daemon.streams.setups.PublicationSetups.back_off>`: to the receiver's cool-down
+  for a refusal that passes with its load, RESOURCE_TEMPORARILY_UNAVAILABLE, further each
+  time for any other);
 * one naming a live receiver counts once a grace (two ``status_message_timeout``) passed with
   no status message of that receiver (one that rejected the image sends none for it); a status
   message of it within the grace says it goes on, and the ERR, forged from its address, is
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 from slipstream.client.counters import SystemCounter
 from slipstream.client.frames import ErrorFrame
-from slipstream.client.layout import NO_DEADLINE
+from slipstream.client.layout import ERR_CODE_RESOURCE_TEMPORARILY_UNAVAILABLE, NO_DEADLINE
 from slipstream.daemon.protocol.types import Address, ProtocolCounters
 from slipstream.daemon.streams.receivers import PublicationReceivers
 from slipstream.daemon.streams.setups import PublicationSetups
@@ -69,9 +71,11 @@ class PublicationRefusals:
             self._counters.add(SystemCounter.REMOTE_TEXT_SUPPRESSED_DROPS)
         if bound is None:
             # No live receiver of that id: a receiver refused the image.  While none is
-            # live, SETUPs back off; nothing else of the stream changes.
+            # live, SETUPs back off (less for a refusal that passes with the receiver's
+            # load); nothing else of the stream changes.
             if not self._receivers:
-                self._setups.back_off()
+                self._setups.back_off(
+                    now_ns, lasting=frame.error_code != ERR_CODE_RESOURCE_TEMPORARILY_UNAVAILABLE)
             return False
         # A live receiver's: it counts once the receiver's SMs stop (a receiver that
         # rejected the image sends none for it), within the grace; an SM of it after the

@@ -109,8 +109,19 @@ class PublicationSetups:
         if self._interval_ns > SETUP_TIMEOUT_NS:
             self.send_next_at(now_ns)
 
-    def back_off(self) -> None:
-        """A receiver refused the image while none is live: the interval doubles, at least
-        :data:`SETUP_REFUSED_INTERVAL_NS`, at most :data:`SETUP_BACKOFF_MAX_NS`."""
-        self._interval_ns = min(max(2 * self._interval_ns, SETUP_REFUSED_INTERVAL_NS),
-                                SETUP_BACKOFF_MAX_NS)
+    def back_off(self, now_ns: int, *, lasting: bool = True) -> None:
+        """A receiver refused the image at ``now_ns`` (its ERR came then) while none is
+        live: for a ``lasting`` cause the interval doubles, at least
+        :data:`SETUP_REFUSED_INTERVAL_NS`, at most :data:`SETUP_BACKOFF_MAX_NS`; for one that
+        passes with the receiver's load (its logs in the making, its images not yet heard)
+        it is SETUP_REFUSED_INTERVAL_NS, the receiver's cool-down: a peer adding thousands
+        of streams at once has each asked again as soon as the receiver listens, not ever
+        later.  The interval runs from the ERR, not from the SETUP it answered: the
+        receiver's cool-down began after that SETUP came, and a SETUP an interval after it
+        would come just before the cool-down ends, to be dropped."""
+        if lasting:
+            self._interval_ns = min(max(2 * self._interval_ns, SETUP_REFUSED_INTERVAL_NS),
+                                    SETUP_BACKOFF_MAX_NS)
+        else:
+            self._interval_ns = SETUP_REFUSED_INTERVAL_NS
+        self._time_of_last_ns = now_ns
