@@ -46,6 +46,7 @@ from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.driver import MediaDriver
 from slipstream.daemon.reports.error_log import read_error_log
 from slipstream.daemon.streams.refusals import REJECTIONS_PER_PASS_MAX
+from slipstream.daemon.streams.setups import SETUP_REFUSAL_WINDOW_NS, SETUP_REFUSED_INTERVAL_NS
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -643,22 +644,31 @@ def test_a_publications_refusals_count_every_err_and_the_next_notice_tells_the_t
                  what=f"the {came} refusals that came counted")
 
 
-def test_a_publication_refused_for_a_while_asks_again_each_cool_down(launch) -> None:
+@pytest.mark.parametrize("forged", [False, True], ids=["answered", "forged-errs-between"])
+def test_a_publication_refused_for_a_while_asks_again_each_cool_down(
+        launch, forged: bool) -> None:
     """A receiver (a plain socket) answers each SETUP with an ERR for a cause that passes
     with its load (RESOURCE_TEMPORARILY_UNAVAILABLE: its logs being made): each SETUP comes
-    1 s after the last, the receiver's cool-down, however many were refused (a lasting
-    cause's come further apart each time: the test below)."""
-    code, intervals = ERR_CODE_RESOURCE_TEMPORARILY_UNAVAILABLE, (1.0, 1.0, 1.0)
+    1 s after that ERR, the receiver's cool-down, however many were refused (a lasting
+    cause's come further apart each time: the test below).  ERRs forged every 0.2 s in
+    between hold each SETUP off by at most SETUP_REFUSAL_WINDOW_NS more."""
+    interval = SETUP_REFUSED_INTERVAL_NS / 1e9
+    longest = interval + (SETUP_REFUSAL_WINDOW_NS / 1e9 if forged else 0)
     publishing = launch()
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver, \
             Client.connect(publishing.directory) as publisher:
         receiver.bind(("127.0.0.1", 0))
         publisher.add_publication(
             f"aeron:udp?endpoint=127.0.0.1:{receiver.getsockname()[1]}", STREAM)
-        receiver.settimeout(0.1)
+        receiver.settimeout(0.05)
         setups: list[float] = []
+        err, source, forged_at = b"", None, 0.0
         start = time.monotonic()
-        while time.monotonic() - start < sum(intervals) + 0.5:
+        while time.monotonic() - start < 3 * longest + 0.5:
+            now = time.monotonic()
+            if forged and source is not None and now - forged_at >= 0.2:
+                receiver.sendto(err, source)
+                forged_at = now
             try:
                 data, source = receiver.recvfrom(2048)
             except TimeoutError:
@@ -666,12 +676,12 @@ def test_a_publication_refused_for_a_while_asks_again_each_cool_down(launch) -> 
             frame = decode(data)
             if isinstance(frame, Setup):
                 setups.append(time.monotonic())
-                receiver.sendto(ErrorFrame(frame.session_id, STREAM, 77, code,
-                                           "busy here").encode(), source)
+                err = ErrorFrame(frame.session_id, STREAM, 77,
+                                 ERR_CODE_RESOURCE_TEMPORARILY_UNAVAILABLE, "busy").encode()
+                receiver.sendto(err, source)
         gaps = [b - a for a, b in itertools.pairwise(setups)]
-        assert len(gaps) == len(intervals), gaps
-        for gap, interval in zip(gaps, intervals, strict=True):
-            assert interval * 0.9 < gap < interval + 0.5, gaps
+        assert len(gaps) == 3, gaps
+        assert all(interval * 0.9 < gap < longest + 0.3 for gap in gaps), gaps
 
 
 def test_a_refused_publication_backs_its_setups_off_until_a_receiver_asks(launch) -> None:

@@ -29,10 +29,16 @@ from slipstream.daemon.protocol.types import Address, Datagram
 SETUP_TIMEOUT_NS = 100_000_000
 #: While no receiver is live, an ERR (a receiver refused the image) spaces SETUPs at least
 #: this far apart (a refusing receiver cools the session down for a second: sooner ones
-#: would be dropped unread), each further ERR twice as far, up to SETUP_BACKOFF_MAX_NS
-#: (slipstream).
+#: would be dropped unread), each further refused SETUP twice as far, up to
+#: SETUP_BACKOFF_MAX_NS (slipstream).
 SETUP_REFUSED_INTERVAL_NS = 1_000_000_000
 SETUP_BACKOFF_MAX_NS = 8_000_000_000
+#: The interval after a refusal runs from its ERR (the receiver's cool-down runs from the
+#: refusal, a little after the SETUP came), but from no later than this after the SETUP
+#: refused: ERRs, forged or not, hold a stream's next SETUP off by at most this more.
+SETUP_REFUSAL_WINDOW_NS = 500_000_000
+#: A time before any SETUP.
+_NEVER_SENT = -(1 << 62)
 
 
 class PublicationSetups:
@@ -59,6 +65,12 @@ class PublicationSetups:
         self._time_of_last_ns = now_ns - SETUP_TIMEOUT_NS  # first SETUP at once
         #: SETUP_TIMEOUT_NS, or longer while receivers refuse the image (ERR frames).
         self._interval_ns = SETUP_TIMEOUT_NS
+        self._last_sent_ns = _NEVER_SENT
+        #: The SETUP (its time) whose refusals set the interval last, the interval before
+        #: them, and whether one of them was for a lasting cause (back_off).
+        self._refused_sent_ns = _NEVER_SENT
+        self._interval_before_ns = SETUP_TIMEOUT_NS
+        self._refused_lasting = False
 
     def frame(self) -> bytes:
         """A SETUP for the stream as it is now (at snd-pos): what a receiver makes its image
@@ -84,7 +96,7 @@ class PublicationSetups:
             return
         out.append(Datagram(self.frame(), self._destination))
         self.sent(now_ns)
-        self._time_of_last_ns = now_ns
+        self._time_of_last_ns = self._last_sent_ns = now_ns
         self._flow_control.on_setup(now_ns, self._c.sender_limit[0])
         if has_receivers:
             self.elicited = False
@@ -110,18 +122,25 @@ class PublicationSetups:
             self.send_next_at(now_ns)
 
     def back_off(self, now_ns: int, *, lasting: bool = True) -> None:
-        """A receiver refused the image at ``now_ns`` (its ERR came then) while none is
-        live: for a ``lasting`` cause the interval doubles, at least
+        """A receiver refused the image while none is live (its ERR came at ``now_ns``): for
+        a ``lasting`` cause the interval doubles, at least
         :data:`SETUP_REFUSED_INTERVAL_NS`, at most :data:`SETUP_BACKOFF_MAX_NS`; for one that
         passes with the receiver's load (its logs in the making, its images not yet heard)
         it is SETUP_REFUSED_INTERVAL_NS, the receiver's cool-down: a peer adding thousands
         of streams at once has each asked again as soon as the receiver listens, not ever
-        later.  The interval runs from the ERR, not from the SETUP it answered: the
-        receiver's cool-down began after that SETUP came, and a SETUP an interval after it
-        would come just before the cool-down ends, to be dropped."""
-        if lasting:
-            self._interval_ns = min(max(2 * self._interval_ns, SETUP_REFUSED_INTERVAL_NS),
+        later.  One SETUP refused moves the interval once, whatever the number of receivers
+        that refused it (a lasting cause's refusal over the others').  The interval runs
+        from the ERR, but from no later than SETUP_REFUSAL_WINDOW_NS after the SETUP
+        refused."""
+        if self._refused_sent_ns != self._last_sent_ns:  # the first refusal of this SETUP
+            self._refused_sent_ns = self._last_sent_ns
+            self._interval_before_ns = self._interval_ns
+            self._refused_lasting = False
+            if not lasting:
+                self._interval_ns = SETUP_REFUSED_INTERVAL_NS
+        if lasting and not self._refused_lasting:
+            self._refused_lasting = True
+            self._interval_ns = min(max(2 * self._interval_before_ns, SETUP_REFUSED_INTERVAL_NS),
                                     SETUP_BACKOFF_MAX_NS)
-        else:
-            self._interval_ns = SETUP_REFUSED_INTERVAL_NS
-        self._time_of_last_ns = now_ns
+        self._time_of_last_ns = max(self._time_of_last_ns,
+                                    min(now_ns, self._last_sent_ns + SETUP_REFUSAL_WINDOW_NS))
