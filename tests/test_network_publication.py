@@ -37,6 +37,7 @@ from slipstream.daemon.streams.publication import (
     NetworkPublication,
     PublicationState,
 )
+from slipstream.daemon.streams.setups import SETUP_REFUSAL_WINDOW_NS, SETUP_REFUSED_INTERVAL_NS
 
 MS = 1_000_000
 US = 1_000
@@ -463,3 +464,46 @@ def test_a_publication_closed_while_its_cleaning_is_behind_is_not_due_every_cycl
     pub.sync_c_half()
     assert pub.state is not PublicationState.ACTIVE and pub.cleaner.is_behind
     assert pub.python_deadline_ns() > 3 * MS
+
+
+def test_setups_back_off_once_per_setup_refused_from_its_err_within_a_window(
+        shm: Path) -> None:
+    """The SETUPs of a publication whose receivers refuse it (PublicationSetups.back_off): an
+    ERR before any SETUP changes nothing; the ERRs of one SETUP move the interval once (a
+    lasting cause's doubling over a passing cause's 1 s), from the last ERR; an ERR that
+    comes past the window counts from the window's end; a passing cause's refusal gives
+    1 s whatever came before; once a receiver asked for the next at once, ERRs leave it."""
+    pub, *_ = make(shm)
+    setups = pub.setups
+    second, window = SETUP_REFUSED_INTERVAL_NS, SETUP_REFUSAL_WINDOW_NS
+
+    def sends(now_ns: int) -> bool:
+        out: list = []
+        setups.check(now_ns, out, has_receivers=False)
+        return bool(out)
+
+    assert setups.next_deadline_ns() == 0  # the first at once
+    setups.back_off(0)
+    assert setups.next_deadline_ns() == 0
+    assert sends(0)
+    setups.back_off(10 * MS, lasting=False)  # two receivers refuse it, one for its load
+    assert setups.next_deadline_ns() == 10 * MS + second
+    setups.back_off(20 * MS)  # ... one for a lasting cause: 1 s (twice 100 ms, at least 1 s)
+    assert setups.next_deadline_ns() == 20 * MS + second
+    setups.back_off(30 * MS)  # a third receiver: no further doubling for this SETUP
+    assert setups.next_deadline_ns() == 30 * MS + second
+    t = 30 * MS + second
+    assert not sends(t - 1) and sends(t)
+    setups.back_off(t + 3 * second)  # refused again, its ERR late (or forged): 2 s
+    assert setups.next_deadline_ns() == t + window + 2 * second
+    t += window + 2 * second
+    assert sends(t)
+    setups.back_off(t + 5 * MS, lasting=False)  # for its load: 1 s again
+    assert setups.next_deadline_ns() == t + 5 * MS + second
+    t += 5 * MS + second
+    assert sends(t)
+    setups.back_off(t + 5 * MS)  # lasting: twice the 1 s
+    asked = t + 100 * MS
+    setups.on_request(sm(flags=0x80), RCV, asked)  # the receiver has room: at once
+    setups.back_off(asked + MS)
+    assert setups.next_deadline_ns() <= asked and sends(asked)

@@ -663,8 +663,8 @@ def test_a_publication_refused_for_a_while_asks_again_each_cool_down(
         receiver.settimeout(0.05)
         setups: list[float] = []
         err, source, forged_at = b"", None, 0.0
-        start = time.monotonic()
-        while time.monotonic() - start < 3 * longest + 0.5:
+        deadline = time.monotonic() + 3 * longest + 5
+        while len(setups) < 4 and time.monotonic() < deadline:
             now = time.monotonic()
             if forged and source is not None and now - forged_at >= 0.2:
                 receiver.sendto(err, source)
@@ -681,7 +681,7 @@ def test_a_publication_refused_for_a_while_asks_again_each_cool_down(
                 receiver.sendto(err, source)
         gaps = [b - a for a, b in itertools.pairwise(setups)]
         assert len(gaps) == 3, gaps
-        assert all(interval * 0.9 < gap < longest + 0.3 for gap in gaps), gaps
+        assert all(interval * 0.9 < gap < longest + 0.5 for gap in gaps), gaps
 
 
 def test_a_refused_publication_backs_its_setups_off_until_a_receiver_asks(launch) -> None:

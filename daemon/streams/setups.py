@@ -67,8 +67,10 @@ class PublicationSetups:
         self._interval_ns = SETUP_TIMEOUT_NS
         self._last_sent_ns = _NEVER_SENT
         #: The SETUP (its time) whose refusals set the interval last, the interval before
-        #: them, and whether one of them was for a lasting cause (back_off).
+        #: them, and whether one of them was for a lasting cause (back_off); the SETUP after
+        #: which a receiver asked for the next at once (on_request).
         self._refused_sent_ns = _NEVER_SENT
+        self._asked_after_ns = _NEVER_SENT
         self._interval_before_ns = SETUP_TIMEOUT_NS
         self._refused_lasting = False
 
@@ -84,6 +86,7 @@ class PublicationSetups:
     def sent(self, now_ns: int) -> None:
         """A :meth:`frame` went out: flow control hears where it puts a receiver (``fc=min``
         admission)."""
+        self._last_sent_ns = now_ns
         self._flow_control.on_setup_frame(self._c.sender_position[0], now_ns)
 
     def check(self, now_ns: int, out: list[Datagram], *, has_receivers: bool) -> None:
@@ -96,7 +99,7 @@ class PublicationSetups:
             return
         out.append(Datagram(self.frame(), self._destination))
         self.sent(now_ns)
-        self._time_of_last_ns = self._last_sent_ns = now_ns
+        self._time_of_last_ns = now_ns
         self._flow_control.on_setup(now_ns, self._c.sender_limit[0])
         if has_receivers:
             self.elicited = False
@@ -120,6 +123,7 @@ class PublicationSetups:
         self._flow_control.on_trigger_send_setup(sm, source, now_ns)
         if self._interval_ns > SETUP_TIMEOUT_NS:
             self.send_next_at(now_ns)
+            self._asked_after_ns = self._last_sent_ns
 
     def back_off(self, now_ns: int, *, lasting: bool = True) -> None:
         """A receiver refused the image while none is live (its ERR came at ``now_ns``): for
@@ -130,8 +134,11 @@ class PublicationSetups:
         of streams at once has each asked again as soon as the receiver listens, not ever
         later.  One SETUP refused moves the interval once, whatever the number of receivers
         that refused it (a lasting cause's refusal over the others').  The interval runs
-        from the ERR, but from no later than SETUP_REFUSAL_WINDOW_NS after the SETUP
-        refused."""
+        from the ERR, or from SETUP_REFUSAL_WINDOW_NS after the SETUP refused if the ERR
+        comes later.  An ERR changes nothing before the first SETUP (it answers none), nor
+        once a receiver asked for the next SETUP at once (it has room now)."""
+        if self._last_sent_ns in (_NEVER_SENT, self._asked_after_ns):
+            return
         if self._refused_sent_ns != self._last_sent_ns:  # the first refusal of this SETUP
             self._refused_sent_ns = self._last_sent_ns
             self._interval_before_ns = self._interval_ns
