@@ -31,6 +31,7 @@ from slipstream.client.counters import CountersFile, capacities, parse_position_
 from slipstream.client.frames import ErrorFrame, Setup, StatusMessage, decode, heartbeat
 from slipstream.client.layout import (
     ERR_CODE_RESOURCE_TEMPORARILY_UNAVAILABLE,
+    ERR_CODE_STORAGE_SPACE,
     META_DEFAULT_FRAME_HEADER,
     PARTITION_COUNT,
     SESSION_ID_FIELD,
@@ -644,6 +645,33 @@ def test_a_publications_refusals_count_every_err_and_the_next_notice_tells_the_t
                  what=f"the {came} refusals that came counted")
 
 
+def _refuse_setups(receiver: socket.socket, code: int, reason: str, deadline: float, *,
+                   count: int | None = None, forge_every_s: float | None = None
+                   ) -> tuple[list[float], tuple[str, int] | None]:
+    """A plain socket as the receiver: answer each SETUP that comes to ``receiver`` with an
+    ERR of ``code`` until ``deadline`` (monotonic s) or ``count`` SETUPs came, and with
+    ``forge_every_s`` send the last ERR again that often in between.  Returns when each
+    SETUP came, and the publication's address."""
+    receiver.settimeout(0.05)
+    setups: list[float] = []
+    err, source, forged_at = b"", None, 0.0
+    while (count is None or len(setups) < count) and time.monotonic() < deadline:
+        now = time.monotonic()
+        if forge_every_s is not None and source is not None and now - forged_at >= forge_every_s:
+            receiver.sendto(err, source)
+            forged_at = now
+        try:
+            data, source = receiver.recvfrom(2048)
+        except TimeoutError:
+            continue
+        frame = decode(data)
+        if isinstance(frame, Setup):
+            setups.append(time.monotonic())
+            err = ErrorFrame(frame.session_id, STREAM, 77, code, reason).encode()
+            receiver.sendto(err, source)
+    return setups, source
+
+
 @pytest.mark.parametrize("forged", [False, True], ids=["answered", "forged-errs-between"])
 def test_a_publication_refused_for_a_while_asks_again_each_cool_down(
         launch, forged: bool) -> None:
@@ -660,25 +688,9 @@ def test_a_publication_refused_for_a_while_asks_again_each_cool_down(
         receiver.bind(("127.0.0.1", 0))
         publisher.add_publication(
             f"aeron:udp?endpoint=127.0.0.1:{receiver.getsockname()[1]}", STREAM)
-        receiver.settimeout(0.05)
-        setups: list[float] = []
-        err, source, forged_at = b"", None, 0.0
-        deadline = time.monotonic() + 3 * longest + 5
-        while len(setups) < 4 and time.monotonic() < deadline:
-            now = time.monotonic()
-            if forged and source is not None and now - forged_at >= 0.2:
-                receiver.sendto(err, source)
-                forged_at = now
-            try:
-                data, source = receiver.recvfrom(2048)
-            except TimeoutError:
-                continue
-            frame = decode(data)
-            if isinstance(frame, Setup):
-                setups.append(time.monotonic())
-                err = ErrorFrame(frame.session_id, STREAM, 77,
-                                 ERR_CODE_RESOURCE_TEMPORARILY_UNAVAILABLE, "busy").encode()
-                receiver.sendto(err, source)
+        setups, _ = _refuse_setups(receiver, ERR_CODE_RESOURCE_TEMPORARILY_UNAVAILABLE, "busy",
+                                   time.monotonic() + 3 * longest + 5, count=4,
+                                   forge_every_s=0.2 if forged else None)
         gaps = [b - a for a, b in itertools.pairwise(setups)]
         assert len(gaps) == 3, gaps
         assert all(interval * 0.9 < gap < longest + 0.5 for gap in gaps), gaps
@@ -696,20 +708,8 @@ def test_a_refused_publication_backs_its_setups_off_until_a_receiver_asks(launch
         port = receiver.getsockname()[1]
         publication = publisher.add_publication(f"aeron:udp?endpoint=127.0.0.1:{port}",
                                                 STREAM)
-        receiver.settimeout(0.1)
-        setups: list[float] = []
-        source = None
-        start = time.monotonic()
-        while time.monotonic() - start < 4.5:
-            try:
-                data, source = receiver.recvfrom(2048)
-            except TimeoutError:
-                continue
-            frame = decode(data)
-            if isinstance(frame, Setup):
-                setups.append(time.monotonic())
-                receiver.sendto(ErrorFrame(frame.session_id, STREAM, 77, 12,
-                                           "no room here").encode(), source)
+        setups, source = _refuse_setups(receiver, ERR_CODE_STORAGE_SPACE, "no room here",
+                                        time.monotonic() + 4.5)
         gaps = [b - a for a, b in itertools.pairwise(setups)]
         assert len(setups) == 3, gaps
         for gap, interval in zip(gaps, (1.0, 2.0), strict=True):
@@ -717,6 +717,7 @@ def test_a_refused_publication_backs_its_setups_off_until_a_receiver_asks(launch
         assert publication.last_refusal is not None
         assert publication.last_refusal.reason == "no room here"
         assert source is not None
+        receiver.settimeout(0.5)
         asked = time.monotonic()
         receiver.sendto(StatusMessage(publication.session_id, STREAM, 0, 0, 0, 77,
                                       SM_SEND_SETUP_FLAG).encode(), source)
