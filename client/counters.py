@@ -277,6 +277,9 @@ class SystemCounter(enum.IntEnum):
     # of GOVERNOR_CLIMBS, those the network threads' duty-cycle lag led: the machine too busy
     # to run them when their timers rang, not the driver's own send backlog or busy threads
     GOVERNOR_LAG_CLIMBS = 83
+    # of the driver's kept released logs, those zeroed and ready for a new log of their
+    # length now (a gauge); the others wait for a process's mapping of them to end
+    RELEASED_LOGS_READY = 84
 
     @property
     def label(self) -> str:

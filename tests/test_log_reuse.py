@@ -79,12 +79,13 @@ def leases_of(path: Path) -> list[str]:
 
 
 def is_ready(path: Path) -> bool:
-    """Whether the pool zeroed the kept file at ``path`` (its metadata, written last, holds
-    the term length but no MTU): the clients' mappings are gone (their resource linger, 3 s,
-    ended).  Not opened while the pool holds its lease (zeroing it): an open then would
-    have the pool delete it."""
+    """Whether the kept file at ``path`` holds what the pool writes when it zeroed it (its
+    metadata, written last, holds the term length but no MTU).  Opens the file: only for a
+    file the pool cannot be zeroing now (one this process maps, or one a pool this test
+    drives holds, or one the driver counts ready), since an open while the pool holds its
+    lease has the pool delete the file."""
     try:
-        if leases_of(path):
+        if leases_of(path):  # a pool this test drives is zeroing it
             return False
         with open(path, "rb") as f:
             f.seek(3 * TERM)
@@ -95,10 +96,16 @@ def is_ready(path: Path) -> bool:
     return mtu == 0 and term_length == TERM
 
 
+def ready_count(driver: MediaDriver) -> int:
+    """The kept files ``driver`` has zeroed (RELEASED_LOGS_READY): told without opening
+    one, which would have the pool delete a file it is zeroing."""
+    return counters_of(driver)["RELEASED_LOGS_READY"]
+
+
 def kept_ready(driver: MediaDriver, count: int) -> bool:
     """``count`` files kept, all zeroed, and no log in use."""
-    files = released(driver)
-    return len(files) == count and all(map(is_ready, files)) and not logs(driver)
+    return (len(released(driver)) == count and ready_count(driver) == count
+            and not logs(driver))
 
 
 def logs(driver: MediaDriver) -> list[Path]:
@@ -213,7 +220,7 @@ def test_a_log_still_mapped_by_a_process_is_never_handed_out(launch) -> None:
             publication.close()
             subscription.close()
             wait_for(lambda: len(released(driver)) == 2 and not logs(driver)
-                     and any(map(is_ready, released(driver))), timeout=10,
+                     and ready_count(driver) == 1, timeout=10,
                      what="the publication's log kept, zeroed")
             (held_file,) = [p for p in released(driver) if p.stat().st_ino == inode]
             assert not is_ready(held_file)
@@ -224,7 +231,9 @@ def test_a_log_still_mapped_by_a_process_is_never_handed_out(launch) -> None:
                 assert held_file.exists() and not is_ready(held_file)
         finally:
             held.close()
-        wait_for(lambda: is_ready(held_file), timeout=10, what="the file zeroed once unmapped")
+        wait_for(lambda: ready_count(driver) == len(released(driver)), timeout=10,
+                 what="the file zeroed once unmapped")
+        assert is_ready(held_file)
         with open(held_file, "rb") as f:
             assert f.read(3 * TERM) == bytes(3 * TERM)
 
@@ -434,7 +443,7 @@ def test_a_crashed_drivers_kept_files_are_removed_by_the_next_driver(shm: Path) 
         publication.close()
         subscription.close()
         wait_for(lambda: len(released(crashed)) == 2 and not logs(crashed)
-                 and sum(map(is_ready, released(crashed))) == 1, timeout=10,
+                 and ready_count(crashed) == 1, timeout=10,
                  what="one file kept zeroed, one kept mapped")
         crashed.kill()
     try:

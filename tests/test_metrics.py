@@ -40,6 +40,8 @@ def test_the_driver_serves_its_counters_to_prometheus(driver_dir: Path) -> None:
     assert "# TYPE slipstream_governor_pressure gauge" in text
     assert "# TYPE slipstream_governor_step gauge" in text
     assert "slipstream_governor_step_total" not in text
+    assert "# TYPE slipstream_released_log_bytes gauge" in text
+    assert "# TYPE slipstream_released_logs_ready gauge" in text
     assert value(text, "slipstream_sent_bytes_total") == 0  # IPC only: nothing on a wire
     # Names that followed a peer to a new address (docs/CHANNELS.md §7.2): none here.
     assert "# TYPE slipstream_resolution_changes_total counter" in text

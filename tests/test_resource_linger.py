@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from helpers import Collector, connect, counters_of, free_port, stream, wait_for
 from test_archive import SEGMENT, archive_process, publish, wait_for_recording, write_config
-from test_log_reuse import REUSE, is_ready, kept_ready, released
+from test_log_reuse import REUSE, is_ready, kept_ready, ready_count, released
 
 from slipstream.archive.client import ArchiveClient
 from slipstream.client import Client, control
@@ -206,8 +206,7 @@ def test_back_to_back_replays_make_their_logs_from_the_replay_before(launch,
                 # The driver lets the replay's logs go (its image once the liveness timeout
                 # ends, 1 s here); no mapping of them lingers, so they are kept, zeroed, as
                 # the driver lets them go.
-                wait_for(lambda: len(released(driver)) == 2 and all(map(is_ready,
-                                                                        released(driver))),
+                wait_for(lambda: len(released(driver)) == 2 and ready_count(driver) == 2,
                          timeout=RESOURCE_LINGER_S, what="the replay's two logs kept, zeroed")
                 assert time.monotonic() - ended < RESOURCE_LINGER_S
             assert reused[1] == 2, reused

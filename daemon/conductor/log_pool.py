@@ -233,6 +233,12 @@ class LogPool:
             return len(self._kept)
 
     @property
+    def ready_count(self) -> int:
+        """Files kept zeroed, which a new log of their length may take now."""
+        with self._lock:
+            return sum(k.ready for k in self._kept)
+
+    @property
     def cap(self) -> int:
         """The most the kept files may hold now, bytes: ``limit``, and no more than the logs
         in use leave of their limit."""

@@ -333,6 +333,7 @@ class NetworkConductor:
             self._pool_changes = self.log_pool.changes
             self.counters.set(SystemCounter.LOGS_REUSED, self.log_pool.reused)
             self.counters.set(SystemCounter.RELEASED_LOG_BYTES, self.log_pool.bytes)
+            self.counters.set(SystemCounter.RELEASED_LOGS_READY, self.log_pool.ready_count)
         events = self._events
         # Bounded: a flood of SETUPs must not hold the conductor (and its heartbeat) for long.
         while events and work < MAX_EVENTS_PER_CYCLE:

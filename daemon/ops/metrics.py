@@ -62,7 +62,8 @@ from slipstream.client.errors import ConfigurationError
 from slipstream.daemon.flow.registry import CONGESTION_CONTROLS
 
 #: System counters that hold a value now rather than a count: Prometheus gauges.
-_SYSTEM_GAUGES = (SystemCounter.GOVERNOR_PRESSURE, SystemCounter.GOVERNOR_STEP)
+_SYSTEM_GAUGES = (SystemCounter.GOVERNOR_PRESSURE, SystemCounter.GOVERNOR_STEP,
+                  SystemCounter.RELEASED_LOG_BYTES, SystemCounter.RELEASED_LOGS_READY)
 
 
 def metric_name(counter: SystemCounter) -> str:
