@@ -248,6 +248,7 @@ static ssize_t send_to_connections(const ss_image_t *image, const uint8_t *frame
                                    int64_t now_ns) {
     ssize_t total = 0; /* every path's bytes: BYTES_SENT counts what left the host */
     int tried = 0, sent_any = 0, full = 0, error = 0;
+    int64_t refused = 0; /* paths whose socket was full: SHORT_SENDS counts each datagram */
     const int32_t slots = image->connection_count < SS_RECEIVE_DESTINATIONS_MAX
                               ? image->connection_count : SS_RECEIVE_DESTINATIONS_MAX;
     for (int32_t i = 0; i < slots; i++) {
@@ -262,10 +263,14 @@ static ssize_t send_to_connections(const ss_image_t *image, const uint8_t *frame
             total += rc;
         } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
             full = 1;
+            refused++;
         } else {
             error = errno;
         }
     }
+    /* The caller counts one short send when none left (EAGAIN): the others here. */
+    if (refused > (sent_any ? 0 : 1))
+        count(image->counters->short_sends, refused - (sent_any ? 0 : 1));
     if (sent_any) return total;
     /* None tried (no path live with a socket): the Python half has the frame, and sends it
      * wherever it can, rather than it counting as sent. */
