@@ -194,6 +194,13 @@ int32_t ss_words_changed(int64_t *const *words, int64_t *last, int32_t count,
  * interval: at most that many more heartbeats, none later than without it (the earliest of
  * a batch wakes the thread at its time). */
 #define SS_TIMER_SLACK_NS 10000000
+/* In such a loop a keepalive of interval I also goes at the last whole multiple of I /
+ * SS_KEEPALIVE_PHASES (on the monotonic clock) at or before its time: between half its
+ * interval and its interval after the last, never later.  An idle stream's keepalives,
+ * each due an interval after the last, then fall on the same few instants whatever the
+ * phase the stream began in (a heartbeat's on multiples of 50 ms, an SM's of 100 ms), and
+ * the thousands of streams' timers share a few wake-ups a second instead of one per slack. */
+#define SS_KEEPALIVE_PHASES 2
 
 /* ss_receiver_on_datagram results */
 #define SS_RX_CONSUMED 0

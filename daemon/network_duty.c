@@ -20,6 +20,26 @@ static int64_t clock_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* When a keepalive of `interval_ns` due at `due_ns` goes: with `slack_ns` (a parking loop's),
+ * at the last multiple of interval_ns / SS_KEEPALIVE_PHASES at or before due_ns (network.h);
+ * else at due_ns. */
+static inline int64_t keepalive_at(int64_t due_ns, int64_t interval_ns, int64_t slack_ns) {
+    const int64_t grain = interval_ns / SS_KEEPALIVE_PHASES;
+    if (slack_ns <= 0 || grain <= 0 || due_ns <= 0 || due_ns >= SS_NO_DEADLINE) return due_ns;
+    return due_ns - due_ns % grain;
+}
+
+/* When publication p's next heartbeat goes (ss_publication_heartbeat's rule; keepalive_at). */
+static inline int64_t heartbeat_at(const ss_send_publication_t *p, int64_t slack_ns) {
+    return keepalive_at(p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS,
+                        SS_HEARTBEAT_TIMEOUT_NS, slack_ns);
+}
+
+/* When the image's status-message timer is due (its SM's at sm_deadline_ns; keepalive_at). */
+static inline int64_t sm_timer_at(const ss_image_t *image, int64_t slack_ns) {
+    return keepalive_at(image->sm_deadline_ns, image->sm_interval_ns, slack_ns);
+}
+
 /* Read an endpoint's socket until it is empty, its datagrams for Python wait, or the batch
  * limit; returns the datagrams received. */
 static int32_t receive_endpoint(ss_agent_t *a, ss_receiver_t *r, int64_t now_ns) {
@@ -425,7 +445,7 @@ static int64_t status_message_due(const ss_image_t *image, int64_t slowest, int6
         return slowest;
     /* The timer's, or a window that changed: at what the subscribers consumed by now (§4.6),
      * never behind. */
-    if (now_ns + slack_ns >= image->sm_deadline_ns ||
+    if (now_ns + slack_ns >= sm_timer_at(image, slack_ns) ||
         allowed_window(image, image->sm_position) != image->sm_window)
         return slowest > image->sm_position ? slowest : image->sm_position;
     return -1;
@@ -526,9 +546,7 @@ int64_t ss_publication_receiver_deadline(const ss_send_publication_t *p, int64_t
 /* ss_publication_heartbeat's rule, taken up to `slack_ns` early (the network thread's loop:
  * SS_TIMER_SLACK_NS). */
 static int32_t publication_heartbeat(ss_send_publication_t *p, int64_t now_ns, int64_t slack_ns) {
-    if (!p->heartbeat_in_c ||
-        now_ns + slack_ns - p->time_of_last_send_ns < SS_HEARTBEAT_TIMEOUT_NS)
-        return 0;
+    if (!p->heartbeat_in_c || now_ns + slack_ns < heartbeat_at(p, slack_ns)) return 0;
     const int64_t position = LOAD_ACQ(p->sender_position);
     const int32_t term_count = (int32_t)(position >> p->position_bits);
     const int32_t term_id = (int32_t)((uint32_t)p->initial_term_id + (uint32_t)term_count);
@@ -584,7 +602,7 @@ void ss_agent_schedule_heartbeats(ss_agent_t *a) {
             const ss_send_publication_t *p = a->publications[i];
             if (!p->heartbeat_in_c) continue;
             a->heartbeat_heap[count] = i;
-            a->heartbeat_keys[count++] = p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS;
+            a->heartbeat_keys[count++] = heartbeat_at(p, a->keepalive_slack_ns);
         }
     a->heartbeat_count = count;
     for (int32_t k = count / 2 - 1; k >= 0; k--) heartbeat_sift_down(a, k);
@@ -599,7 +617,7 @@ static int32_t heartbeats(ss_agent_t *a, int64_t now_ns) {
         ss_send_publication_t *p = a->publications[a->heartbeat_heap[0]];
         sent += publication_heartbeat(p, now_ns, slack_ns);
         if (p->heartbeat_in_c) {
-            const int64_t due = p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS;
+            const int64_t due = heartbeat_at(p, slack_ns);
             /* unsent: the next cycle */
             a->heartbeat_keys[0] = due > now_ns + slack_ns ? due : now_ns + slack_ns + 1;
         } else {
@@ -687,8 +705,8 @@ static void agent_deadlines(const ss_agent_t *a, int64_t *timers, int64_t *liven
             *timers = 0, *liveness = SS_NO_DEADLINE; /* cleaning is behind: the next cycle */
             return;
         }
-        if (p->heartbeat_in_c && p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS < exact)
-            exact = p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS;
+        if (p->heartbeat_in_c && heartbeat_at(p, a->keepalive_slack_ns) < exact)
+            exact = heartbeat_at(p, a->keepalive_slack_ns);
         /* The liveness of the receiver whose SMs it takes: */
         if (p->sm_in_c && ss_publication_receiver_deadline(p, p->sm_time_ns) + 1 < late)
             late = ss_publication_receiver_deadline(p, p->sm_time_ns) + 1;
@@ -703,8 +721,8 @@ static void agent_deadlines(const ss_agent_t *a, int64_t *timers, int64_t *liven
             min_subscriber_position(image) >= catch_up_position(image))
             exact = image->sm_catch_up_ns;
         if (!sends_status_messages(image)) continue;
-        if (!image->sm_unsent && image->sm_deadline_ns < exact)
-            exact = image->sm_deadline_ns;
+        if (!image->sm_unsent && sm_timer_at(image, a->keepalive_slack_ns) < exact)
+            exact = sm_timer_at(image, a->keepalive_slack_ns);
         if (ss_image_liveness_deadline(image) < late)
             late = ss_image_liveness_deadline(image);
     }

@@ -161,12 +161,15 @@ def test_an_idle_drivers_duty_cycles_read_only_the_sockets_with_input(driver_dir
 def test_idle_streams_keepalives_share_the_network_threads_wake_ups(driver_dir: Path) -> None:
     """Idle UDP streams made one after another have their heartbeat and status-message timers
     spread over the interval: woken at each, the network thread would wake about
-    ``pairs x (10 + 5)`` times a second, each wake-up a duty cycle over every stream.  A
-    cycle of its loop sends the keepalives due within SS_TIMER_SLACK_NS early, so the timers
-    go at most 1 s / slack wake-ups a second (each may be woken once more by the datagrams
-    it sent, which this driver reads itself over loopback).  A heartbeat goes at most a
-    slack early: at most 100 ms / (100 ms - slack) a stream a second, and at least half of
-    10 (the loaded machine's margin)."""
+    ``pairs x (10 + 5)`` times a second, each wake-up a duty cycle over every stream, and
+    with the keepalives due within SS_TIMER_SLACK_NS sent together, still 1 s / slack times.
+    Its loop sends each keepalive at the last multiple of half its interval before its time
+    (SS_KEEPALIVE_PHASES), so that those of idle streams fall on the same instants: the
+    timers go at most SS_KEEPALIVE_PHASES wake-ups a heartbeat interval (the SMs' instants
+    are among the heartbeats'), each woken once more by the datagrams it sent, which this
+    driver reads itself over loopback.  A heartbeat goes at most a slack early but for the
+    first of an idle stream: at most 100 ms / (100 ms - slack) a stream a second, and at
+    least half of 10 (the loaded machine's margin)."""
     from slipstream.daemon._network import lib as network
 
     pairs = 64
@@ -190,7 +193,9 @@ def test_idle_streams_keepalives_share_the_network_threads_wake_ups(driver_dir: 
     # Python pass and governor step (a command); then timers spread one a stream would pass
     # this several times over (the old loop: about 900 a second).
     commands = moved["GOVERNOR_CLIMBS"] + moved["GOVERNOR_DESCENTS"]
-    bound = 2 * elapsed_s / slack_s + moved["NETWORK_PYTHON_PASSES"] + commands + 10
+    instants = elapsed_s * network.SS_KEEPALIVE_PHASES / heartbeat_s + 1
+    bound = 2 * instants + moved["NETWORK_PYTHON_PASSES"] + commands + 10
+    assert 2 * instants < elapsed_s / slack_s  # the slack alone allowed twice this
     assert woken <= bound, (woken, bound, moved)
     # The counters are read after the window's end: up to one heartbeat more a stream.
     heartbeats = moved["HEARTBEATS_SENT"] / pairs / elapsed_s
