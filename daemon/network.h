@@ -191,15 +191,16 @@ int32_t ss_words_changed(int64_t *const *words, int64_t *last, int32_t count,
  * and how late its park may take a liveness check, so that the timers falling due within it
  * go in one wake-up: with thousands of idle streams, timers spread over the interval would
  * each cost a wake-up and a duty cycle over every stream.  A tenth of the heartbeat's
- * interval: at most that many more heartbeats, none later than without it (the earliest of
- * a batch wakes the thread at its time). */
+ * interval (the earliest of a batch wakes the thread at its time). */
 #define SS_TIMER_SLACK_NS 10000000
-/* In such a loop a keepalive of interval I also goes at the last whole multiple of I /
- * SS_KEEPALIVE_PHASES (on the monotonic clock) at or before its time: between half its
- * interval and its interval after the last, never later.  An idle stream's keepalives,
- * each due an interval after the last, then fall on the same few instants whatever the
- * phase the stream began in (a heartbeat's on multiples of 50 ms, an SM's of 100 ms), and
- * the thousands of streams' timers share a few wake-ups a second instead of one per slack. */
+/* In such a loop a keepalive of interval I is due at the last whole multiple of I /
+ * SS_KEEPALIVE_PHASES (on the monotonic clock) at or before its time (so the first after
+ * other traffic comes between half its interval and its interval after it, never later),
+ * and one sent early, within the slack, times the next from the instant it was due at, not
+ * from its send.  An idle stream's keepalives then go every interval on the same few
+ * instants whatever the phase the stream began in (a heartbeat's on multiples of 50 ms, an
+ * SM's of 100 ms), each at most the slack early, and the thousands of streams' timers share
+ * a few wake-ups a second instead of one per slack. */
 #define SS_KEEPALIVE_PHASES 2
 
 /* ss_receiver_on_datagram results */
@@ -309,6 +310,9 @@ typedef struct {
     int64_t *short_sends;
     int64_t *send_errors;
     int64_t time_of_last_send_ns; /* when data last went out (the heartbeat timer) */
+    int64_t heartbeat_slot_ns;    /* the instant the last heartbeat was due at: one a parking
+                                   * loop sent early (within its slack) times the next from
+                                   * it (SS_KEEPALIVE_PHASES) */
     int32_t term_length;
     int32_t position_bits;
     int32_t mtu;
@@ -984,8 +988,9 @@ typedef struct {
     int64_t endpoints_read;       /* out: endpoints read since the loop last took them */
     /* The sender's heartbeat timers: a binary min-heap of publication indices (heartbeat_heap,
      * heartbeat_count of them; Python gives it room for every publication) keyed by when each
-     * is next due (heartbeat_keys: time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS as of its
-     * keying, never later than the truth, since a send only moves it on).  A duty cycle looks
+     * is next due (heartbeat_keys: the heartbeat rule's time as of its keying, on the
+     * keepalive instants in a parking loop, never later than the truth, since a send only
+     * moves it on).  A duty cycle looks
      * at the publications whose key came, not at every one. */
     int32_t *heartbeat_heap;
     int64_t *heartbeat_keys;

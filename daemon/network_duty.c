@@ -29,10 +29,14 @@ static inline int64_t keepalive_at(int64_t due_ns, int64_t interval_ns, int64_t 
     return due_ns - due_ns % grain;
 }
 
-/* When publication p's next heartbeat goes (ss_publication_heartbeat's rule; keepalive_at). */
+/* When publication p's next heartbeat goes (ss_publication_heartbeat's rule; keepalive_at):
+ * a timeout after the last send, or after the instant the last heartbeat was due at if it
+ * was the last send and went early (within the slack). */
 static inline int64_t heartbeat_at(const ss_send_publication_t *p, int64_t slack_ns) {
-    return keepalive_at(p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS,
-                        SS_HEARTBEAT_TIMEOUT_NS, slack_ns);
+    int64_t last = p->time_of_last_send_ns;
+    const int64_t early = p->heartbeat_slot_ns - last;
+    if (early > 0 && early <= slack_ns) last = p->heartbeat_slot_ns;
+    return keepalive_at(last + SS_HEARTBEAT_TIMEOUT_NS, SS_HEARTBEAT_TIMEOUT_NS, slack_ns);
 }
 
 /* When the image's status-message timer is due (its SM's at sm_deadline_ns; keepalive_at). */
@@ -532,7 +536,12 @@ static int32_t status_messages(ss_agent_t *a, int64_t now_ns) {
         const int64_t position = status_message_due(image, slowest, now_ns,
                                                     a->keepalive_slack_ns);
         if (position >= 0) {
+            const int64_t slot = sm_timer_at(image, a->keepalive_slack_ns);
             send_status_message(image, position, now_ns);
+            /* The timer's SM taken early: the next from the instant it was due at, so that
+             * the stream keeps its instants (network.h, SS_KEEPALIVE_PHASES). */
+            if (slot > now_ns && slot <= now_ns + a->keepalive_slack_ns)
+                image->sm_deadline_ns = slot + image->sm_interval_ns;
             work++;
         }
     }
@@ -546,7 +555,8 @@ int64_t ss_publication_receiver_deadline(const ss_send_publication_t *p, int64_t
 /* ss_publication_heartbeat's rule, taken up to `slack_ns` early (the network thread's loop:
  * SS_TIMER_SLACK_NS). */
 static int32_t publication_heartbeat(ss_send_publication_t *p, int64_t now_ns, int64_t slack_ns) {
-    if (!p->heartbeat_in_c || now_ns + slack_ns < heartbeat_at(p, slack_ns)) return 0;
+    const int64_t slot = heartbeat_at(p, slack_ns);
+    if (!p->heartbeat_in_c || now_ns + slack_ns < slot) return 0;
     const int64_t position = LOAD_ACQ(p->sender_position);
     const int32_t term_count = (int32_t)(position >> p->position_bits);
     const int32_t term_id = (int32_t)((uint32_t)p->initial_term_id + (uint32_t)term_count);
@@ -564,6 +574,7 @@ static int32_t publication_heartbeat(ss_send_publication_t *p, int64_t now_ns, i
     /* Through the endpoint's send as the data goes, counted there. */
     const int32_t result = ss_send_channel_send_frame(p, frame, sizeof frame, NULL, 0);
     p->time_of_last_send_ns = now_ns; /* the next in a timeout, whatever became of this */
+    p->heartbeat_slot_ns = slot;        /* ... from its instant if it went early */
     if (result < 0) return 0; /* not sent: a drain waits for one that is, or its timeout */
     if (p->end_of_stream) p->eos_heartbeats_sent++;
     count(p->heartbeats_sent, 1);

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -201,6 +202,55 @@ def test_idle_streams_keepalives_share_the_network_threads_wake_ups(driver_dir: 
     heartbeats = moved["HEARTBEATS_SENT"] / pairs / elapsed_s
     assert heartbeats <= 1 / (heartbeat_s - slack_s) + 1 / elapsed_s, moved
     assert heartbeats >= 1 / heartbeat_s / 2, moved  # the loaded machine's margin
+
+
+def test_idle_streams_keep_their_interval_beside_a_busy_one(driver_dir: Path) -> None:
+    """While one stream carries data the network thread runs a cycle every millisecond or
+    so, and takes each idle stream's keepalive up to SS_TIMER_SLACK_NS early: the next is
+    timed from the instant the early one was due at, not from its send, so an idle stream's
+    heartbeats keep their interval (timed from the early send and taken back to the
+    instants, they would go twice as often)."""
+    from slipstream.daemon._network import lib as network
+
+    pairs = 32
+    slack_s = network.SS_TIMER_SLACK_NS / 1e9
+    heartbeat_s = network.SS_HEARTBEAT_TIMEOUT_NS / 1e9
+    window_s = 2.0
+    with MediaDriver.launch(directory=driver_dir) as driver, Client.connect(driver_dir) as client:
+        _connected_idle_pairs(client, pairs, spaced_s=heartbeat_s / pairs)
+        uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}|term-length=64k"
+        subscription = client.add_subscription(uri, 99)
+        publication = client.add_publication(uri, 99)
+        wait_for(lambda: publication.is_connected and subscription.images,
+                 what="the busy stream connected")
+        stop = threading.Event()
+        sent = []
+
+        def busy() -> None:
+            while not stop.is_set():
+                if publication.offer(b"x" * 64) > 0:
+                    sent.append(time.monotonic())
+                subscription.poll(lambda data, header: None, 100)
+                time.sleep(0.001)
+
+        thread = threading.Thread(target=busy)
+        thread.start()
+        try:
+            time.sleep(0.3)  # the idle streams' keepalives taken early a few times already
+            before, began = counters_of(driver), time.monotonic()
+            time.sleep(window_s)
+            after, ended = counters_of(driver), time.monotonic()
+        finally:
+            stop.set()
+            thread.join(5)
+    elapsed_s = ended - began
+    # Busy: a message every slack or more often, on average.
+    during = [t for t in sent if began <= t <= ended]
+    assert len(during) >= elapsed_s / slack_s, len(during)
+    # The busy stream's publication sends data, not heartbeats: these are the idle ones'.
+    heartbeats = (after["HEARTBEATS_SENT"] - before["HEARTBEATS_SENT"]) / pairs / elapsed_s
+    assert heartbeats <= 1 / (heartbeat_s - slack_s) + 1 / elapsed_s, heartbeats
+    assert heartbeats >= 1 / heartbeat_s / 2, heartbeats  # the loaded machine's margin
 
 
 def _sockets(pid: int) -> dict[int, str]:
