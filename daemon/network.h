@@ -193,15 +193,15 @@ int32_t ss_words_changed(int64_t *const *words, int64_t *last, int32_t count,
  * each cost a wake-up and a duty cycle over every stream.  A tenth of the heartbeat's
  * interval (the earliest of a batch wakes the thread at its time). */
 #define SS_TIMER_SLACK_NS 10000000
-/* In such a loop a keepalive of interval I is due at the last whole multiple of I /
- * SS_KEEPALIVE_PHASES (on the monotonic clock) at or before its time (so the first after
- * other traffic comes between half its interval and its interval after it, never later),
- * and one sent early, within the slack, times the next from the instant it was due at, not
- * from its send.  An idle stream's keepalives then go every interval on the same few
- * instants whatever the phase the stream began in (a heartbeat's on multiples of 50 ms, an
- * SM's of 100 ms), each at most the slack early, and the thousands of streams' timers share
- * a few wake-ups a second instead of one per slack. */
-#define SS_KEEPALIVE_PHASES 2
+/* In such a loop a keepalive is due at the last whole multiple of this (of half its interval
+ * if that is less), on the monotonic clock, at or before its time: the first after other
+ * traffic comes between half its interval and its interval after it, never later; and one
+ * sent early, within the slack, times the next from the instant it was due at, not from its
+ * send.  An idle stream's keepalives (a heartbeat's interval is 100 ms, an SM's 200 ms or
+ * what the governor widens it to) then go every interval on multiples of 50 ms whatever the
+ * phase the stream began in, each at most the slack early, and thousands of streams' timers
+ * share at most 20 wake-ups a second instead of one per slack. */
+#define SS_KEEPALIVE_GRAIN_NS 50000000
 
 /* ss_receiver_on_datagram results */
 #define SS_RX_CONSUMED 0
@@ -312,7 +312,8 @@ typedef struct {
     int64_t time_of_last_send_ns; /* when data last went out (the heartbeat timer) */
     int64_t heartbeat_slot_ns;    /* the instant the last heartbeat was due at: one a parking
                                    * loop sent early (within its slack) times the next from
-                                   * it (SS_KEEPALIVE_PHASES) */
+                                   * it (SS_KEEPALIVE_GRAIN_NS); a data send
+                                   * forgets it (0) */
     int32_t term_length;
     int32_t position_bits;
     int32_t mtu;

@@ -21,10 +21,11 @@ static int64_t clock_ns(void) {
 }
 
 /* When a keepalive of `interval_ns` due at `due_ns` goes: with `slack_ns` (a parking loop's),
- * at the last multiple of interval_ns / SS_KEEPALIVE_PHASES at or before due_ns (network.h);
- * else at due_ns. */
+ * at the last multiple of SS_KEEPALIVE_GRAIN_NS, or of half the interval if less, at or
+ * before due_ns (network.h); else at due_ns. */
 static inline int64_t keepalive_at(int64_t due_ns, int64_t interval_ns, int64_t slack_ns) {
-    const int64_t grain = interval_ns / SS_KEEPALIVE_PHASES;
+    const int64_t grain = interval_ns / 2 < SS_KEEPALIVE_GRAIN_NS ? interval_ns / 2
+                                                                   : SS_KEEPALIVE_GRAIN_NS;
     if (slack_ns <= 0 || grain <= 0 || due_ns <= 0 || due_ns >= SS_NO_DEADLINE) return due_ns;
     return due_ns - due_ns % grain;
 }
@@ -539,7 +540,7 @@ static int32_t status_messages(ss_agent_t *a, int64_t now_ns) {
             const int64_t slot = sm_timer_at(image, a->keepalive_slack_ns);
             send_status_message(image, position, now_ns);
             /* The timer's SM taken early: the next from the instant it was due at, so that
-             * the stream keeps its instants (network.h, SS_KEEPALIVE_PHASES). */
+             * the stream keeps its instants (network.h, SS_KEEPALIVE_GRAIN_NS). */
             if (slot > now_ns && slot <= now_ns + a->keepalive_slack_ns)
                 image->sm_deadline_ns = slot + image->sm_interval_ns;
             work++;

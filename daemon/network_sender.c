@@ -229,6 +229,7 @@ int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datag
     if (sent > retransmits) { /* new data went: the heartbeat timer starts again */
         ss_publish_position(p->sender_position, p->sender_position_counter, sent_position);
         p->time_of_last_send_ns = now_ns;
+        p->heartbeat_slot_ns = 0; /* the next heartbeat a timeout after this, not a slot */
     }
     count(p->bytes_sent, bytes);
     if (p->rate_limit > 0) {

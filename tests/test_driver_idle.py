@@ -165,9 +165,9 @@ def test_idle_streams_keepalives_share_the_network_threads_wake_ups(driver_dir: 
     ``pairs x (10 + 5)`` times a second, each wake-up a duty cycle over every stream, and
     with the keepalives due within SS_TIMER_SLACK_NS sent together, still 1 s / slack times.
     Its loop sends each keepalive at the last multiple of half its interval before its time
-    (SS_KEEPALIVE_PHASES), so that those of idle streams fall on the same instants: the
-    timers go at most SS_KEEPALIVE_PHASES wake-ups a heartbeat interval (the SMs' instants
-    are among the heartbeats'), each woken once more by the datagrams it sent, which this
+    (SS_KEEPALIVE_GRAIN_NS at most), so that those of idle streams fall on the same
+    instants: the timers go at most one wake-up a grain (the SMs' instants are among the
+    heartbeats'), each woken once more by the datagrams it sent, which this
     driver reads itself over loopback.  A heartbeat goes at most a slack early but for the
     first of an idle stream: at most 100 ms / (100 ms - slack) a stream a second, and at
     least half of 10 (the loaded machine's margin)."""
@@ -194,7 +194,7 @@ def test_idle_streams_keepalives_share_the_network_threads_wake_ups(driver_dir: 
     # Python pass and governor step (a command); then timers spread one a stream would pass
     # this several times over (the old loop: about 900 a second).
     commands = moved["GOVERNOR_CLIMBS"] + moved["GOVERNOR_DESCENTS"]
-    instants = elapsed_s * network.SS_KEEPALIVE_PHASES / heartbeat_s + 1
+    instants = elapsed_s / (network.SS_KEEPALIVE_GRAIN_NS / 1e9) + 1
     bound = 2 * instants + moved["NETWORK_PYTHON_PASSES"] + commands + 10
     assert 2 * instants < elapsed_s / slack_s  # the slack alone allowed twice this
     assert woken <= bound, (woken, bound, moved)
@@ -251,6 +251,12 @@ def test_idle_streams_keep_their_interval_beside_a_busy_one(driver_dir: Path) ->
     heartbeats = (after["HEARTBEATS_SENT"] - before["HEARTBEATS_SENT"]) / pairs / elapsed_s
     assert heartbeats <= 1 / (heartbeat_s - slack_s) + 1 / elapsed_s, heartbeats
     assert heartbeats >= 1 / heartbeat_s / 2, heartbeats  # the loaded machine's margin
+    # The idle images' timer SMs likewise, with the busy image's (its 25 % rule's: a quarter
+    # of its window, 8 KiB, in well over 100 ms of these messages, and its timer's) on top.
+    sm_interval_s = load_settings(env={}).status_message_timeout / 1e9
+    busy_sms = elapsed_s * (10 + 1 / sm_interval_s)
+    sms = (after["STATUS_MESSAGES_SENT"] - before["STATUS_MESSAGES_SENT"] - busy_sms) / pairs
+    assert sms / elapsed_s <= 1 / (sm_interval_s - slack_s) + 1 / elapsed_s, sms
 
 
 def _sockets(pid: int) -> dict[int, str]:

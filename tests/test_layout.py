@@ -49,7 +49,7 @@ C_ONLY = {
     "SM_INVALID", "SM_AHEAD_OF_SENDER",  # network.h: ss_publication_status_message's refusals
     "POLL_ENDPOINTS_MIN",  # network.h: from how many endpoints the loop polls its sockets
     "TIMER_SLACK_NS",  # network.h: the loop's keepalive slack (tests/test_driver_idle.py)
-    "KEEPALIVE_PHASES",  # network.h: the loop's keepalive instants (tests/test_driver_idle.py)
+    "KEEPALIVE_GRAIN_NS",  # network.h: the loop's keepalive instants (tests/test_driver_idle.py)
 }
 
 
