@@ -569,7 +569,11 @@ def test_a_callers_first_image_on_any_control_endpoint_ends_the_wait_for_a_call(
             waiting.start()
             # Parked (on no image, or on the k1 caller's) before the caller comes: an image
             # there before the wait began is one to wait on for a call, not a call's coming.
-            wait_for(lambda t=waiting: parked(t), what="the wait parked")
+            # On an image, parked once the C park counts itself among the log's waiters: a
+            # caller's image that comes before that wakes no one (the service parks 10 ms at
+            # a time, so such a one is seen within that).
+            wait_for(lambda t=waiting: parked(t) and all(
+                image.waiters[0] > 0 for image in control.call_images()), what="the wait parked")
             client.add_publication(channel_with_key(
                 f"aeron:udp?endpoint=127.0.0.1:{ports[key]}", key), CONTROL_STREAM)
             waiting.join(20)

@@ -748,12 +748,16 @@ def test_a_stopped_query_leaves_the_driver_at_once_not_after_the_liveness_timeou
     """Spark ends the query's source process with SIGTERM (its reader's stop() never runs
     there): the subscription must still leave at once, not hold the publisher until the
     driver's client liveness timeout (10 s by default) reclaims it with a warning."""
+    # A reclaim comes at least the liveness timeout (10 s) less a keepalive interval (0.5 s)
+    # after the process's last keepalive, which it sent until stop() returned; a close comes
+    # in milliseconds, and in seconds when a loaded host delays Spark's SIGTERM.
+    within_s = 8.0
     with launched_driver("64k") as (directory, _driver, client):  # the default liveness
         publication, query = reading_one_message(spark, directory, client, 7101, checkpoint)
         query.stop()
         stopped = time.monotonic()
         while publication.is_connected:
-            assert time.monotonic() - stopped < 5.0, "the query's subscription stayed"
+            assert time.monotonic() - stopped < within_s, "the query's subscription stayed"
             time.sleep(0.02)
 
         def clients() -> int:
@@ -762,7 +766,7 @@ def test_a_stopped_query_leaves_the_driver_at_once_not_after_the_liveness_timeou
         # Its client left too, closed (a timed-out one would hold its heartbeat counter for
         # the 10 s of liveness): only this test's client is left.
         while clients() > 1:
-            assert time.monotonic() - stopped < 5.0, "the query's client stayed"
+            assert time.monotonic() - stopped < within_s, "the query's client stayed"
             time.sleep(0.02)
 
 
