@@ -7,6 +7,7 @@ launcher's :meth:`~slipstream.daemon.driver.MediaDriver.start` runs ``driver`` s
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import math
 import sys
@@ -19,13 +20,19 @@ from slipstream.client.errors import (
     InvalidArgumentError,
     SlipstreamError,
 )
-from slipstream.daemon.directory import EXIT_ALREADY_RUNNING, EXIT_DIRECTORY_REFUSED
+from slipstream.daemon.directory import (
+    EXIT_ALREADY_RUNNING,
+    EXIT_DIRECTORY_REFUSED,
+    STACK_DUMP_SIGNAL,
+)
 
 #: What :func:`new_parser` hands the commands' adders: argparse's set of subcommands.
 Commands = argparse._SubParsersAction  # argparse names no public type for it
 
 
 def _driver(args: argparse.Namespace) -> int:
+    # First, before the imports that are most of a start: a start that hangs there says where.
+    faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)
     from slipstream.daemon.config import format_settings, load_settings_from_args
     from slipstream.daemon.shell import run_driver
 

@@ -10,6 +10,7 @@ import errno
 import fcntl
 import os
 import re
+import signal
 import stat
 import struct
 import threading
@@ -41,6 +42,11 @@ from slipstream.daemon.reports.loss_report import FILE as LOSS_REPORT_FILE
 #: error as the process did; any other error of slipstream's, of any command, is 2.
 EXIT_ALREADY_RUNNING = 3  # DriverAlreadyRunningError: a live driver holds the directory
 EXIT_DIRECTORY_REFUSED = 4  # DriverDirectoryError: the directory is not the driver's to use
+
+#: The signal that has a driver process print every thread's Python stack to its stderr (the
+#: journal under systemd) and go on, as a JVM's thread dump: what a driver that does not
+#: start, or hangs, is doing.  Its launcher sends it to one that is not up in time.
+STACK_DUMP_SIGNAL = signal.SIGUSR1
 
 
 class DriverDirectory:

@@ -31,7 +31,11 @@ from slipstream.client.errors import (
     DriverError,
 )
 from slipstream.daemon.config import load_settings
-from slipstream.daemon.directory import EXIT_ALREADY_RUNNING, EXIT_DIRECTORY_REFUSED
+from slipstream.daemon.directory import (
+    EXIT_ALREADY_RUNNING,
+    EXIT_DIRECTORY_REFUSED,
+    STACK_DUMP_SIGNAL,
+)
 from slipstream.daemon.embedded import EmbeddedDriver
 
 #: Settings of the daemon's threads (how many network threads, how long they spin idle): an
@@ -67,6 +71,47 @@ def _close_inherited_launch_pipes() -> None:
 
 
 os.register_at_fork(after_in_child=_close_inherited_launch_pipes)
+
+#: How much of the stderr of a driver not up in time its error carries, in lines.
+STARTUP_STDERR_LINES = 80
+
+
+def _thread_states(pid: int) -> str:
+    """Each thread of process ``pid``: its name, its scheduler state (R running, S sleeping,
+    D in an uninterruptible wait: a disk, a page fault) and the kernel function it waits in."""
+    states = []
+    try:
+        tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
+    except OSError as e:
+        return f"none to read ({e.strerror})"
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                wchan = f.read().strip() or "-"
+        except OSError:
+            continue  # it ended meanwhile
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        state = stat[stat.rindex(")") + 2:].split(" ", 1)[0]
+        states.append(f"{name} {state} in {wchan}")
+    return ", ".join(states) or "none"
+
+
+def _machine_state() -> str:
+    """The load average and the share of the last 10 s some task waited for the CPU, I/O or
+    memory (the kernel's pressure stall information), and the memory available."""
+    parts = []
+    with contextlib.suppress(OSError), open("/proc/loadavg") as f:
+        parts.append("load " + " ".join(f.read().split()[:3]))
+    for resource in ("cpu", "io", "memory"):
+        with contextlib.suppress(OSError, ValueError), open(f"/proc/pressure/{resource}") as f:
+            some = f.readline().split()  # some avg10=… avg60=… avg300=… total=…
+            parts.append(f"{resource} stalled {some[1].split('=')[1]} %")
+    with contextlib.suppress(OSError, StopIteration), open("/proc/meminfo") as f:
+        available = next(line for line in f if line.startswith("MemAvailable:"))
+        parts.append(f"{int(available.split()[1]) // 1024} MiB available")
+    return ", ".join(parts)
 
 
 class MediaDriver:
@@ -170,10 +215,26 @@ class MediaDriver:
                     return driver
                 time.sleep(0.01)
             raise DriverError(f"the driver did not start within {startup_timeout} s in "
-                              f"{directory}")
+                              f"{directory}; {driver._why_not_started()}")
         except BaseException:  # a Ctrl-C while it starts too: nothing is left running
             driver.stop(timeout=2.0)
             raise
+
+    def _why_not_started(self) -> str:
+        """What a child not up in time was doing, for its error: its threads' states, the
+        machine's load and pressure, and the end of its stderr, with every thread's Python
+        stack (it prints them at :data:`STACK_DUMP_SIGNAL`).  It is stopped."""
+        pid = self.process.pid
+        threads = _thread_states(pid)
+        with contextlib.suppress(OSError):
+            self.process.send_signal(STACK_DUMP_SIGNAL)
+        time.sleep(0.5)  # its handler writes at once, in C: no interpreter is needed
+        self.stop(timeout=2.0)
+        stderr = self.process.stderr.read().decode(errors="replace") if self.process.stderr \
+            else ""
+        tail = "\n".join(stderr.strip().splitlines()[-STARTUP_STDERR_LINES:])
+        return (f"its threads: {threads}; this machine: {_machine_state()}; the end of its "
+                f"stderr (at {STACK_DUMP_SIGNAL.name} it prints its stacks):\n{tail}")
 
     def _ready(self) -> bool:
         counters_path = self.view / control.COUNTERS_FILE

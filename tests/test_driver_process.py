@@ -18,6 +18,7 @@ from helpers import catches, children_take, process_state, wait_for
 
 from slipstream.client import Client
 from slipstream.client.counters import CountersFile
+from slipstream.client.errors import DriverError
 from slipstream.daemon.driver import MediaDriver
 
 SLIPSTREAM = [sys.executable, "-m", "slipstream.daemon.cli"]
@@ -60,6 +61,43 @@ def _heartbeat_shows(path: Path, pid: int) -> bool:
         return counters.driver_pid == pid and counters.driver_heartbeat_ns > 0
     finally:
         counters.close()
+
+
+def test_sigusr1_has_the_driver_print_every_threads_stack_and_go_on(
+        driver_dir: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    with MediaDriver.launch(directory=driver_dir) as driver:
+        driver.process.send_signal(signal.SIGUSR1)
+        printed: list[str] = []
+        # The trio loop, the network thread and the futex watcher, at least.
+        wait_for(lambda: printed.append(capfd.readouterr().err) or "".join(printed).count(
+            "most recent call first") >= 3, what="three stacks")
+        stacks = "".join(printed)
+        assert "shell.py" in stacks, stacks
+        with Client.connect(driver_dir) as client:
+            client.add_publication("aeron:ipc", 7)  # it serves on
+        assert driver.stop() == 0
+
+
+def test_a_driver_not_up_in_time_is_stopped_and_its_error_says_what_it_was_doing(
+        driver_dir: Path) -> None:
+    """The launcher's prefix stands in for a start that hangs (in its imports, on a disk, on a
+    machine too busy): the error names each thread's state, the machine's load and pressure,
+    and the stack the child printed at SIGUSR1, as the driver does (see the test above)."""
+    stall = [sys.executable, "-c",
+             "import faulthandler, os, signal, sys, time\n"
+             "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+             "time.sleep(30)\n"
+             "os.execv(sys.argv[1], sys.argv[1:])\n"]
+    started = time.monotonic()
+    with pytest.raises(DriverError) as raised:
+        MediaDriver.start(driver_dir, {}, startup_timeout=1.0, prefix=stall)
+    message = str(raised.value)
+    assert time.monotonic() - started < 10
+    assert "did not start within 1.0 s" in message
+    assert "its threads: python" in message and " S in " in message, message
+    assert "this machine: load " in message and "MiB available" in message, message
+    assert 'File "<string>", line 3' in message, message  # its stack: in the sleep
+    assert not driver_dir.exists() or not any(driver_dir.iterdir())
 
 
 def test_sigint_stops_the_driver_too(driver_dir: Path) -> None:
