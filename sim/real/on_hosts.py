@@ -44,6 +44,7 @@ from typing import Any, Final
 import attrs
 
 from slipstream.client import Client, control
+from slipstream.client.channel import parse_channel
 from slipstream.client.counters import (
     CountersFile,
     CounterType,
@@ -213,12 +214,13 @@ def link_loss(scenario: Scenario, src: int, dst: int) -> float:
 
 
 def _sender_counters(counters: CountersFile, session_id: int) -> dict[str, int]:
-    """The ids of the publication's snd-pos, snd-lmt and (with rc=) snd-rate counters."""
+    """The ids of the publication's snd-pos, snd-lmt, (with rc=) snd-rate and (under min or
+    tagged flow control) fc-receivers counters."""
     found: dict[str, int] = {}
     for info in counters:
         label = parse_position_label(info.label)
         if label is not None and label.session_id == session_id and label.kind in (
-                "snd-pos", "snd-lmt", "snd-rate"):
+                "snd-pos", "snd-lmt", "snd-rate", "fc-receivers"):
             found[label.kind] = info.counter_id
     return found
 
@@ -299,6 +301,20 @@ class _Run:
                 raise TimeoutError(f"the stream did not connect in {CONNECT_TIMEOUT_S:.0f} s")
             time.sleep(0.01)
         self.sender_counters = _sender_counters(self.counters[0], self.publication.session_id)
+        fc = parse_channel(self.publication.channel).fc
+        if fc is not None and fc.name == "min" and "fc-receivers" in self.sender_counters:
+            # The run starts with the sender holding to every subscriber, as a run in the
+            # simulator does.  A subscriber's image can be up before its first SM reaches
+            # the sender (its driver descheduled on a busy machine); the others would take
+            # the first window meanwhile, and min would rightly refuse it as a newcomer a
+            # window behind (docs/DRIVER.md §5.3).
+            receivers = self.sender_counters["fc-receivers"]
+            while self.counters[0].get(receivers) < len(self.subscribers):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"min flow control held the sender to {self.counters[0].get(receivers)} "
+                        f"of {len(self.subscribers)} subscribers after {CONNECT_TIMEOUT_S:.0f} s")
+                time.sleep(0.01)
         if self.scenario.is_mdc:
             self.destinations_counter = next(
                 (info.counter_id for info in self.counters[0]
