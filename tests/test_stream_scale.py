@@ -17,8 +17,8 @@ from slipstream.client.counters import CountersFile, CountersFullError, CounterT
 from slipstream.client.errors import SlipstreamError
 from slipstream.daemon._network import ffi
 from slipstream.daemon.conductor import ipc
-from slipstream.daemon.conductor.conductor import WATCH_SPACING_NS_PER_WORD, DriverConductor
-from slipstream.daemon.conductor.watch import WordWatch
+from slipstream.daemon.conductor.conductor import DriverConductor
+from slipstream.daemon.conductor.watch import SPACING_NS_PER_WORD, WordWatch
 from slipstream.daemon.config import DriverSettings, load_settings
 from slipstream.daemon.driver import MediaDriver
 
@@ -103,7 +103,7 @@ def test_a_change_between_the_watchs_looks_is_found_at_the_deadline_the_conducto
             conductor.do_work(now)
         idle_deadline = conductor.next_deadline_ns()
         assert idle_deadline >= now + 100_000_000  # the timer's, not the watch's
-        spacing = len(conductor._ipc_watch) * WATCH_SPACING_NS_PER_WORD
+        spacing = len(conductor._ipc_watch) * SPACING_NS_PER_WORD
         counters.set(images[pairs // 2]["subscriber_position_counter_id"], 64)
         assert passes.during(lambda: conductor.do_work(now + 1)) == 0
         deadline = conductor.next_deadline_ns()
@@ -195,6 +195,37 @@ def test_a_word_watch_reports_exactly_the_owners_whose_words_changed(ops) -> Non
         assert len(watch) == len(slots)
         assert watch.capacity >= len(slots)
     assert len(set(slots.values())) == len(slots)
+
+
+def test_a_word_watchs_looks_scan_at_most_once_per_spacing_and_owe_the_scan_they_skip(
+        ) -> None:
+    """:meth:`WordWatch.look` scans the words when the spacing (per word) since its last scan
+    has passed, or when told to; a look before that answers the marked owners alone and owes
+    the scan, due at the spacing, which finds what moved meanwhile.  A watch of no words owes
+    nothing."""
+    watch = WordWatch()
+    cells = [ffi.new("int64_t *") for _ in range(100)]
+    for i, cell in enumerate(cells):
+        watch.watch(cell, i)
+    spacing = 100 * SPACING_NS_PER_WORD
+    now = 1_000_000
+    assert watch.look(now) == set()  # nothing moved yet
+    assert watch.owed_scan_ns is None
+    cells[7][0] = 1
+    watch.mark(9)
+    assert watch.look(now + 1) == {9}  # the mark alone: no scan within the spacing
+    assert watch.owed_scan_ns == now + spacing
+    assert watch.look(now + spacing - 1) == set()
+    assert watch.look(now + spacing) == {7}
+    assert watch.owed_scan_ns is None
+    cells[8][0] = 1
+    assert watch.look(now + spacing + 1, scan=True) == {8}  # told to: at once
+    cells[3][0] = 1
+    assert watch.look(now + spacing + 2) == set()
+    assert watch.owed_scan_ns == now + 2 * spacing + 1
+    for slot in range(100):
+        watch.forget(slot)
+    assert watch.owed_scan_ns is None  # nothing left to find
 
 
 def test_counters_take_freed_slots_again_and_readers_stop_at_the_high_water(

@@ -151,13 +151,9 @@ class DriverConductor:
         #: The words each IPC publication's pass reads, watched (:class:`WordWatch`), and the
         #: publications a pass found unsettled (``IpcPublication.is_settled``): a duty cycle
         #: passes over these and those whose words changed, not over every one.
+        #: Its scans are spaced (:meth:`WordWatch.look`): cycles between (commands, marks)
+        #: pass over the unsettled and the marked publications.
         self._ipc_watch = WordWatch()
-        #: When the watch's words are next looked at (ns): :data:`WATCH_SPACING_NS_PER_WORD`
-        #: per word after the last look, so that a look's share of the conductor's time stays
-        #: bounded however many streams there are; cycles between (commands, marks) pass
-        #: over the unsettled and the marked publications.
-        self._next_watch_ns = 0
-        self._watch_owed = False  # a cycle passed without the look: the next is owed
         self._ipc_unsettled: set[IpcPublication] = set()
         #: Indexes by stream id, so that no command looks at every stream: the IPC
         #: publications (by registration id, as made), and the IPC subscriptions.
@@ -762,14 +758,7 @@ class DriverConductor:
         one while the driver drains; else those a pass left unsettled, those that marked a
         change of their own, and, when the watch's look is due, those whose watched words
         changed."""
-        watch = self._ipc_watch
-        if now_ns >= self._next_watch_ns or self.drain_phase is not DrainPhase.NONE:
-            moved = watch.changed()
-            self._next_watch_ns = now_ns + len(watch) * WATCH_SPACING_NS_PER_WORD
-            self._watch_owed = False
-        else:
-            moved = watch.marked()
-            self._watch_owed = True
+        moved = self._ipc_watch.look(now_ns, scan=self.drain_phase is not DrainPhase.NONE)
         if self.drain_phase is not DrainPhase.NONE:
             return list(self.ipc_publications.values())
         due = [p for p in self._ipc_unsettled.union(moved)
@@ -903,9 +892,11 @@ class DriverConductor:
         if network is not None and network.has_events:
             return self._last_cycle_ns
         deadline = self._next_timer_ns
-        if self._watch_owed:
-            # A cycle passed without a look at the watched words: what moved is found then.
-            deadline = min(deadline, self._next_watch_ns)
+        # A cycle passed without a scan of the watched words: what moved is found then.
+        for owed in (self._ipc_watch.owed_scan_ns,
+                     None if network is None else network.owed_episode_scan_ns):
+            if owed is not None:
+                deadline = min(deadline, owed)
         if network is not None and (network.carries_streams or self.governor.step):
             deadline = min(deadline, self._next_governor_ns)
         if network is not None:
@@ -995,12 +986,6 @@ class DriverConductor:
         if self.network is not None:
             self.network.close(now_ns)
 
-
-#: The conductor's time between two looks at the IPC publications' watched words, per word
-#: watched (ns): a look costs 5-20 ns a word (the words of 10,000 IPC pairs, 60,000, take
-#: 0.3-1 ms, their cache lines cold), so a look takes at most about a third of the time, and
-#: a change waits at most 2.4 ms at 10,000 pairs, 2.4 us at 10.
-WATCH_SPACING_NS_PER_WORD = 40
 
 # The counter of each step's entries (index: the step).
 _STEP_COUNTERS = (None, SystemCounter.GOVERNOR_COALESCING, SystemCounter.GOVERNOR_STATUS_WIDENED,

@@ -419,6 +419,12 @@ class NetworkConductor:
         """Whether a publication is in a back-pressure episode."""
         return self._send_side.has_open_episode
 
+    @property
+    def owed_episode_scan_ns(self) -> int | None:
+        """When a sample of the episodes owes its scan of their words (ns), None when none
+        is owed (:meth:`SendSide.sample_episodes`)."""
+        return self._send_side.owed_episode_scan_ns
+
     def sample_episodes(self, now_ns: int) -> list[tuple[int, EpisodeEvent]]:
         """Each publication's back-pressure episodes that began or ended since the last
         sample (:meth:`SendSide.sample_episodes`)."""

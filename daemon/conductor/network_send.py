@@ -764,11 +764,17 @@ class SendSide:
         """Whether a publication is in a back-pressure episode."""
         return bool(self._episodes_open)
 
+    @property
+    def owed_episode_scan_ns(self) -> int | None:
+        """When the scan of the episodes' words that a sample went without is due (ns);
+        None when none is owed (:meth:`WordWatch.look`)."""
+        return self._episode_watch.owed_scan_ns
+
     def sample_episodes(self, now_ns: int) -> list[tuple[int, EpisodeEvent]]:
         """Each publication's back-pressure episodes that began or ended since the last
         sample, with the publication's registration id: those in an open episode and those
         whose words moved (or new), in the order they were made."""
-        moved = self._episode_watch.changed()
+        moved = self._episode_watch.look(now_ns)
         self._backlog_due.update(moved)
         due = [entry for entry in self._episodes_open.union(moved)
                if entry.registration_id in self._episode_slots]
