@@ -18,7 +18,7 @@ from slipstream.client.errors import SlipstreamError
 from slipstream.daemon._network import ffi
 from slipstream.daemon.conductor import ipc
 from slipstream.daemon.conductor.conductor import DriverConductor
-from slipstream.daemon.conductor.watch import SPACING_NS_PER_WORD, WordWatch
+from slipstream.daemon.conductor.watch import SPACING_NS_PER_WORD, UNSPACED_WORDS, WordWatch
 from slipstream.daemon.config import DriverSettings, load_settings
 from slipstream.daemon.driver import MediaDriver
 
@@ -201,13 +201,14 @@ def test_a_word_watchs_looks_scan_at_most_once_per_spacing_and_owe_the_scan_they
         ) -> None:
     """:meth:`WordWatch.look` scans the words when the spacing (per word) since its last scan
     has passed, or when told to; a look before that answers the marked owners alone and owes
-    the scan, due at the spacing, which finds what moved meanwhile.  A watch of no words owes
-    nothing."""
+    the scan, due at the spacing, which finds what moved meanwhile.  A watch of few words is
+    scanned at every look (it owes nothing), and so is one of none."""
+    words = UNSPACED_WORDS + 44
     watch = WordWatch()
-    cells = [ffi.new("int64_t *") for _ in range(100)]
+    cells = [ffi.new("int64_t *") for _ in range(words)]
     for i, cell in enumerate(cells):
         watch.watch(cell, i)
-    spacing = 100 * SPACING_NS_PER_WORD
+    spacing = words * SPACING_NS_PER_WORD
     now = 1_000_000
     assert watch.look(now) == set()  # nothing moved yet
     assert watch.owed_scan_ns is None
@@ -223,9 +224,15 @@ def test_a_word_watchs_looks_scan_at_most_once_per_spacing_and_owe_the_scan_they
     cells[3][0] = 1
     assert watch.look(now + spacing + 2) == set()
     assert watch.owed_scan_ns == now + 2 * spacing + 1
-    for slot in range(100):
+    for slot in range(words - UNSPACED_WORDS):
         watch.forget(slot)
-    assert watch.owed_scan_ns is None  # nothing left to find
+    assert watch.look(now + spacing + 3) == set()  # slot 3 went with the rest
+    cells[words - 1][0] = 1
+    assert watch.look(now + spacing + 4) == {words - 1}  # few words: scanned every look
+    assert watch.owed_scan_ns is None
+    for slot in range(words - UNSPACED_WORDS, words):
+        watch.forget(slot)
+    assert watch.owed_scan_ns is None
 
 
 def test_counters_take_freed_slots_again_and_readers_stop_at_the_high_water(
