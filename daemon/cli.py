@@ -7,6 +7,7 @@ launcher's :meth:`~slipstream.daemon.driver.MediaDriver.start` runs ``driver`` s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import logging
 import math
@@ -32,7 +33,9 @@ Commands = argparse._SubParsersAction  # argparse names no public type for it
 
 def _driver(args: argparse.Namespace) -> int:
     # First, before the imports that are most of a start: a start that hangs there says where.
-    faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)
+    # A process without a stderr to print to (started with 2>&-) runs without the printer.
+    with contextlib.suppress(RuntimeError, OSError, ValueError, AttributeError):
+        faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)
     from slipstream.daemon.config import format_settings, load_settings_from_args
     from slipstream.daemon.shell import run_driver
 

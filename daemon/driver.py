@@ -98,6 +98,16 @@ def _thread_states(pid: int) -> str:
     return ", ".join(states) or "none"
 
 
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler of its own for ``signum`` (its ``SigCgt``)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            caught = next(line for line in f if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(caught.split()[1], 16) >> (signum - 1) & 1)
+
+
 def _machine_state() -> str:
     """The load average and the share of the last 10 s some task waited for the CPU, I/O or
     memory (the kernel's pressure stall information), and the memory available."""
@@ -105,7 +115,8 @@ def _machine_state() -> str:
     with contextlib.suppress(OSError), open("/proc/loadavg") as f:
         parts.append("load " + " ".join(f.read().split()[:3]))
     for resource in ("cpu", "io", "memory"):
-        with contextlib.suppress(OSError, ValueError), open(f"/proc/pressure/{resource}") as f:
+        with contextlib.suppress(OSError, ValueError, IndexError), \
+                open(f"/proc/pressure/{resource}") as f:
             some = f.readline().split()  # some avg10=… avg60=… avg300=… total=…
             parts.append(f"{resource} stalled {some[1].split('=')[1]} %")
     with contextlib.suppress(OSError, StopIteration), open("/proc/meminfo") as f:
@@ -226,15 +237,19 @@ class MediaDriver:
         stack (it prints them at :data:`STACK_DUMP_SIGNAL`).  It is stopped."""
         pid = self.process.pid
         threads = _thread_states(pid)
-        with contextlib.suppress(OSError):
-            self.process.send_signal(STACK_DUMP_SIGNAL)
-        time.sleep(0.5)  # its handler writes at once, in C: no interpreter is needed
+        printer = _catches(pid, STACK_DUMP_SIGNAL)
+        if printer:  # not before: the signal's default action would kill it, printing nothing
+            with contextlib.suppress(OSError):
+                self.process.send_signal(STACK_DUMP_SIGNAL)
+            time.sleep(0.5)  # its handler writes at once, in C: no interpreter is needed
         self.stop(timeout=2.0)
         stderr = self.process.stderr.read().decode(errors="replace") if self.process.stderr \
             else ""
         tail = "\n".join(stderr.strip().splitlines()[-STARTUP_STDERR_LINES:])
+        stacks = (f"at {STACK_DUMP_SIGNAL.name} it printed its stacks" if printer else
+                  f"it had not reached its {STACK_DUMP_SIGNAL.name} stack printer yet")
         return (f"its threads: {threads}; this machine: {_machine_state()}; the end of its "
-                f"stderr (at {STACK_DUMP_SIGNAL.name} it prints its stacks):\n{tail}")
+                f"stderr ({stacks}):\n{tail}")
 
     def _ready(self) -> bool:
         counters_path = self.view / control.COUNTERS_FILE

@@ -320,6 +320,49 @@ def test_ten_thousand_ipc_pairs_are_added_under_the_default_settings(shm: Path) 
         assert publisher.exitcode == 0
 
 
+def test_a_network_episode_scan_a_cycle_skipped_is_owed_and_the_conductor_wakes_for_it(
+        shm: Path) -> None:
+    """Enough UDP publications that their episode words are spaced (over UNSPACED_WORDS): a
+    sample within the spacing after a scan skips it, and a publication whose log moved
+    meanwhile is found by the sample at the owed time, which the conductor's deadline asks
+    for; then nothing is owed and the deadline is the idle one again."""
+    driver = MediaDriver.embedded(shm / "driver", **NETWORK_SETTINGS)
+    try:
+        network = driver.conductor.network
+        assert network is not None
+        uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}|term-length=64k"
+        with Client.connect(driver.directory, invoker=driver.do_work) as client:
+            subscription = client.add_subscription(uri, 1000)
+            publications = [client.add_publication(uri, 1000 + i) for i in range(80)]
+            wait_for(lambda: (driver.do_work(), publications[0].is_connected)[1],
+                     what="the first stream connected")
+            side = network._send_side
+            watch = side._episode_watch
+            assert len(watch) > UNSPACED_WORDS
+            for _ in range(3):
+                driver.do_work()
+            conductor = driver.conductor
+            now = conductor._last_cycle_ns
+            side.sample_episodes(now)
+            watch.look(now, scan=True)  # a scan at `now`: the next is due a spacing later
+            side._backlog_due.clear()
+            idle_deadline = conductor.next_deadline_ns()
+            spacing = len(watch) * SPACING_NS_PER_WORD
+            assert idle_deadline > now + spacing
+            assert publications[0].offer(b"x" * 32) > 0  # its log's tail moves
+            side.sample_episodes(now + 1)
+            assert not side._backlog_due  # no scan: not found yet
+            assert network.owed_episode_scan_ns == now + spacing
+            assert conductor.next_deadline_ns() == now + spacing
+            side.sample_episodes(now + spacing)
+            assert [entry.publication.stream_id for entry in side._backlog_due] == [1000]
+            assert network.owed_episode_scan_ns is None
+            assert conductor.next_deadline_ns() == idle_deadline
+            subscription.close()
+    finally:
+        driver.close()
+
+
 def test_removing_one_of_many_udp_endpoints_leaves_the_others_found(shm: Path) -> None:
     """Each UDP pair on an endpoint of its own; the middle pair removed: its send and receive
     endpoints close (the agents' events find them among the others), the other pairs still
