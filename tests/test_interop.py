@@ -604,12 +604,15 @@ def test_a_stock_aeron_sender_under_min_or_preferred_holds_to_a_slow_slipstream_
 @pytest.mark.parametrize("strategy", ["min", "tagged"])
 def test_a_slipstream_sender_under_min_or_tagged_holds_to_a_stock_aeron_receiver(
         driver_dir: Path, strategy: str) -> None:
-    """slipstream publishes on a multicast channel with ``fc=min,g:/2`` (or ``fc=tagged``,
-    the Aeron driver tagging its status messages with the group's 8 bytes); one slipstream and
-    one stock Aeron receiver.  The sender counts Aeron's receiver (it connects only with both),
-    and when Aeron's subscriber stops reading for 1.5 s (SIGSTOP: its driver goes on sending
-    status messages that do not move), slipstream's subscriber stops too: the sender holds to
-    Aeron's.  Then both get every message, once, in order."""
+    """slipstream publishes on a multicast channel with ``fc=min,g:/2`` (or
+    ``fc=tagged,g:TAG/2``, both receivers tagging their status messages with the group's
+    8 bytes: Aeron's driver by its application-specific feedback, slipstream's by ``gtag=``);
+    one slipstream and one stock Aeron receiver.  The sender counts Aeron's receiver (it
+    connects only with both), and when Aeron's subscriber stops reading for 1.5 s (SIGSTOP:
+    its driver goes on sending status messages that do not move), slipstream's subscriber
+    stops too: the sender holds to Aeron's.  Then both get every message, once, in order.
+    (An untagged receiver is not held for: on a busy machine one that fell out of the
+    sender's resend window was left behind, as it may be; test_flow_hosts shows that.)"""
     require_aeron()
     uri, messages = channel("multicast"), 8000
     # The stopped subscriber sends Aeron's driver no keepalives: its client liveness timeout
@@ -619,14 +622,14 @@ def test_a_slipstream_sender_under_min_or_tagged_holds_to_a_stock_aeron_receiver
     aeron_properties: dict[str, int | str] = {"aeron.client.liveness.timeout": DEFAULT_LIVENESS_NS}
     if strategy == "tagged":
         aeron_properties["aeron.flow.control.sm.applicationSpecificFeedback"] = GROUP_TAG_ASF
-        params = f"|fc=tagged,g:{GROUP_TAG}/1"
+        params, our_params = f"|fc=tagged,g:{GROUP_TAG}/2", f"|gtag={GROUP_TAG}"
     else:
-        params = "|fc=min,g:/2"
+        params, our_params = "|fc=min,g:/2", ""
     with AeronDriver(properties=aeron_properties) as aeron, \
             basic_subscriber(aeron, uri, 1010) as subscriber, \
             MediaDriver.launch(directory=driver_dir, **FAST_DRIVER_SETTINGS) as driver, \
             Client.connect(driver.directory) as client:
-        ours = client.add_subscription(uri, 1010)  # untagged: under tagged it does not count
+        ours = client.add_subscription(uri + our_params, 1010)
         publication = client.add_publication(uri + TERM + params, 1010)
         wait_for(lambda: publication.is_connected and bool(ours.images), timeout=20,
                  what="the publication connected with Aeron's receiver counted")
@@ -665,4 +668,4 @@ def test_a_slipstream_sender_under_min_or_tagged_holds_to_a_stock_aeron_receiver
         longest_gap = max(b - a for a, b in itertools.pairwise(times))
         assert longest_gap > 1.0, f"slipstream's subscriber never waited ({longest_gap:.3f} s)"
         receivers = [c.value for c in counters_labelled(driver, "fc-receivers: ")]
-        assert receivers == [2 if strategy == "min" else 1]
+        assert receivers == [2]
