@@ -618,6 +618,25 @@ def test_it_starts_ready_with_a_status(host: Container) -> None:
     assert f"slipstream driver {state['MainPID']} running in {DIRECTORY}" in journal, journal
 
 
+def test_systemctl_kill_usr1_has_the_driver_print_its_stacks_to_the_journal_and_go_on(
+        host: Container) -> None:
+    """docs/OPERATIONS.md's thread dump, under the unit's hardening: the stacks of its threads
+    (the trio loop, the network thread and the futex watcher at least) reach the journal, and
+    the same process serves on, never restarted."""
+    before = host.show("MainPID", "NRestarts")
+    printed = host.journal().count("most recent call first")
+    host.run(f"systemctl kill -s USR1 {UNIT}")
+    deadline = time.monotonic() + 20
+    while host.journal().count("most recent call first") < printed + 3:
+        assert time.monotonic() < deadline, host.journal()[-3000:]
+        time.sleep(0.2)
+    assert "daemon/shell.py" in host.journal()
+    after = host.show("MainPID", "NRestarts", "ActiveState")
+    assert (after["MainPID"], after["NRestarts"], after["ActiveState"]) == (
+        before["MainPID"], before["NRestarts"], "active"), after
+    host.client(ROUND_TRIP, "100", "aeron:ipc")  # it serves on
+
+
 def test_clients_of_an_application_user_publish_and_receive_over_ipc_and_udp(
         host: Container) -> None:
     channels = [
