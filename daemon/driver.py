@@ -74,16 +74,23 @@ os.register_at_fork(after_in_child=_close_inherited_launch_pipes)
 
 #: How much of the stderr of a driver not up in time its error carries, in lines.
 STARTUP_STDERR_LINES = 80
+#: A start past its ``startup_timeout`` whose threads are still being scheduled (running, or
+#: runnable and waiting for a CPU: a machine too busy rather than a hung child) or are in a
+#: disk wait is given more time, up to this many times ``startup_timeout`` in all.
+STARTUP_PATIENCE = 5
+#: How often a start past its ``startup_timeout`` is looked at again, in seconds.
+STARTUP_RECHECK_S = 1.0
 
 
-def _thread_states(pid: int) -> str:
-    """Each thread of process ``pid``: its name, its scheduler state (R running, S sleeping,
-    D in an uninterruptible wait: a disk, a page fault) and the kernel function it waits in."""
-    states = []
+def _threads(pid: int) -> list[tuple[str, str, str]]:
+    """Each thread of process ``pid``: its name, its scheduler state (R running or runnable,
+    S sleeping, D in an uninterruptible wait: a disk, a page fault) and the kernel function
+    it waits in; none when /proc does not show the process."""
     try:
         tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
-    except OSError as e:
-        return f"none to read ({e.strerror})"
+    except OSError:
+        return []
+    threads = []
     for tid in tids:
         try:
             with open(f"/proc/{pid}/task/{tid}/stat") as f:
@@ -94,8 +101,31 @@ def _thread_states(pid: int) -> str:
             continue  # it ended meanwhile
         name = stat[stat.index("(") + 1:stat.rindex(")")]
         state = stat[stat.rindex(")") + 2:].split(" ", 1)[0]
-        states.append(f"{name} {state} in {wchan}")
-    return ", ".join(states) or "none"
+        threads.append((name, state, wchan))
+    return threads
+
+
+def _thread_states(pid: int) -> str:
+    """:func:`_threads` as a line for an error."""
+    return ", ".join(f"{name} {state} in {wchan}" for name, state, wchan in _threads(pid)) \
+        or "none to read"
+
+
+def _scheduled_ns(pid: int) -> int:
+    """The time process ``pid``'s threads have spent on a CPU or runnable and waiting for one
+    (their ``schedstat``), in ns: it grows while any of them runs or is kept from running by
+    a busy machine, not while all of them sleep; 0 where /proc does not say."""
+    total = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for tid in tids:
+        with contextlib.suppress(OSError, ValueError):
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                on_cpu, waiting = f.read().split()[:2]
+            total += int(on_cpu) + int(waiting)
+    return total
 
 
 def _catches(pid: int, signum: int) -> bool:
@@ -186,11 +216,15 @@ class MediaDriver:
         counters file); :class:`DriverError` (:class:`DriverAlreadyRunningError`,
         :class:`DriverDirectoryError` for those refusals) with its stderr when it exits
         first, or naming ``startup_timeout`` (s) when it is not ready by then; nothing is
-        left running.  ``prefix``: the command it runs under, which must exec it (same pid),
-        e.g. ``ip netns exec NAME`` (a network namespace) or ``nsenter`` into a host's
-        namespaces; ``view``: where this process sees ``directory`` when the driver runs
-        with a mount namespace of its own (default: ``directory`` itself).  Its stderr is
-        passed through to this process's, each line marked with its pid."""
+        left running.  A child still being scheduled then (running, or runnable and kept
+        from a CPU by a busy machine, or in a disk wait) is given more, rechecked each
+        :data:`STARTUP_RECHECK_S`, up to :data:`STARTUP_PATIENCE` times ``startup_timeout``
+        in all; one whose threads all sleep is not.  ``prefix``: the command it runs under,
+        which must exec it (same pid), e.g. ``ip netns exec NAME`` (a network namespace) or
+        ``nsenter`` into a host's namespaces; ``view``: where this process sees
+        ``directory`` when the driver runs with a mount namespace of its own (default:
+        ``directory`` itself).  Its stderr is passed through to this process's, each line
+        marked with its pid."""
         # It stops as at SIGTERM when its standard input ends: this process holds the pipe,
         # and when it dies, killed or not, the driver drains and goes with it.
         args = [*prefix, sys.executable, "-m", "slipstream.daemon.cli", "driver",
@@ -211,8 +245,11 @@ class MediaDriver:
         driver = cls(Path(directory), process, drain_timeout_s, view)
         _LAUNCHED.add(driver)
         try:
-            deadline = time.monotonic() + startup_timeout
-            while time.monotonic() < deadline:
+            started = time.monotonic()
+            deadline = started + startup_timeout
+            patience = started + STARTUP_PATIENCE * startup_timeout
+            scheduled_ns, checked = _scheduled_ns(process.pid), started
+            while True:
                 if process.poll() is not None:
                     driver._close_stdin()
                     err = (process.stderr.read().decode(errors="replace") if process.stderr
@@ -224,9 +261,22 @@ class MediaDriver:
                 if driver._ready():
                     threading.Thread(target=driver._drain_stderr, daemon=True).start()
                     return driver
+                now = time.monotonic()
+                if now >= deadline:
+                    was_ns, scheduled_ns = scheduled_ns, _scheduled_ns(process.pid)
+                    busy = scheduled_ns > was_ns or any(
+                        state == "D" for _, state, _ in _threads(process.pid))
+                    if busy and now < patience:
+                        checked, deadline = now, now + STARTUP_RECHECK_S
+                    else:
+                        why = (f"nor in the {now - started:.1f} s it was given in all while "
+                               "it was still running or waiting for a CPU or a disk" if busy
+                               else "none of its threads ran, waited for a CPU or waited on "
+                                    f"a disk in the last {now - checked:.1f} s")
+                        raise DriverError(f"the driver did not start within {startup_timeout} "
+                                          f"s in {directory} ({why}); "
+                                          f"{driver._why_not_started()}")
                 time.sleep(0.01)
-            raise DriverError(f"the driver did not start within {startup_timeout} s in "
-                              f"{directory}; {driver._why_not_started()}")
         except BaseException:  # a Ctrl-C while it starts too: nothing is left running
             driver.stop(timeout=2.0)
             raise

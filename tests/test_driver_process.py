@@ -100,6 +100,8 @@ def test_a_driver_not_up_in_time_is_stopped_and_its_error_says_what_it_was_doing
     message = str(raised.value)
     assert time.monotonic() - started < 10
     assert "did not start within 1.0 s" in message
+    assert "none of its threads ran, waited for a CPU or waited on a disk in the last" \
+        in message, message
     assert "its threads: python" in message and " S in " in message, message
     assert "this machine: load " in message and "MiB available" in message, message
     if printer:
@@ -107,6 +109,49 @@ def test_a_driver_not_up_in_time_is_stopped_and_its_error_says_what_it_was_doing
     else:
         assert "had not reached its SIGUSR1 stack printer" in message, message
         assert 'File "<string>"' not in message
+    alive = [pid for pid in os.listdir("/proc") if pid.isdigit()
+             and marker.encode() in _cmdline(pid)]
+    assert not alive, alive
+
+
+def _busy_prefix(seconds: float, marker: str) -> list[str]:
+    """A launcher that keeps a CPU busy for ``seconds`` (for ever if infinite), as a start
+    on a machine too busy does, then execs the driver."""
+    return [sys.executable, "-c",
+            f"# {marker}\n"
+            "import os, sys, time\n"
+            f"end = time.monotonic() + float({str(seconds)!r})\n"
+            "while time.monotonic() < end:\n"
+            "    pass\n"
+            "os.execv(sys.argv[1], sys.argv[1:])\n"]
+
+
+def test_a_start_still_running_past_its_timeout_is_given_more_time(driver_dir: Path) -> None:
+    """A start that keeps its CPU busy for twice its ``startup_timeout`` (a machine so busy
+    that its imports take that long) is not a hung child: it is rechecked, found scheduled,
+    and comes up, where a fixed deadline would have stopped it."""
+    driver = MediaDriver.start(driver_dir, {}, startup_timeout=1.0,
+                               prefix=_busy_prefix(2.0, f"busy-{os.getpid()}"))
+    try:
+        with Client.connect(driver_dir) as client:
+            client.add_publication("aeron:ipc", 7)
+    finally:
+        assert driver.stop() == 0
+
+
+def test_a_start_busy_for_ever_ends_at_its_patience(driver_dir: Path) -> None:
+    """A start that runs but never comes up is stopped at STARTUP_PATIENCE times its
+    ``startup_timeout``, its error saying it was still running."""
+    from slipstream.daemon.driver import STARTUP_PATIENCE
+
+    marker = f"spin-{os.getpid()}"
+    started = time.monotonic()
+    with pytest.raises(DriverError) as raised:
+        MediaDriver.start(driver_dir, {}, startup_timeout=1.0,
+                          prefix=_busy_prefix(float("inf"), marker))
+    took = time.monotonic() - started
+    assert STARTUP_PATIENCE <= took < STARTUP_PATIENCE + 5, took
+    assert "it was given in all while it was still running" in str(raised.value)
     alive = [pid for pid in os.listdir("/proc") if pid.isdigit()
              and marker.encode() in _cmdline(pid)]
     assert not alive, alive
