@@ -78,20 +78,20 @@ STARTUP_STDERR_LINES = 80
 #: runnable and waiting for a CPU: a machine too busy rather than a hung child) or are in a
 #: disk wait is given more time, up to this many times ``startup_timeout`` in all.
 STARTUP_PATIENCE = 5
-#: How often a start past its ``startup_timeout`` is looked at again, in seconds.
+#: The interval over which a start is found still being scheduled, and how often one past
+#: its ``startup_timeout`` is looked at again, in seconds.
 STARTUP_RECHECK_S = 1.0
+#: The share of that interval its threads must have spent running or runnable (summed): a
+#: hung child whose timer thread wakes now and then is not being scheduled.
+STARTUP_BUSY_SHARE = 0.1
 
 
 def _threads(pid: int) -> list[tuple[str, str, str]]:
     """Each thread of process ``pid``: its name, its scheduler state (R running or runnable,
     S sleeping, D in an uninterruptible wait: a disk, a page fault) and the kernel function
-    it waits in; none when /proc does not show the process."""
-    try:
-        tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
-    except OSError:
-        return []
+    it waits in; OSError when /proc does not show the process."""
     threads = []
-    for tid in tids:
+    for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
         try:
             with open(f"/proc/{pid}/task/{tid}/stat") as f:
                 stat = f.read()
@@ -107,25 +107,34 @@ def _threads(pid: int) -> list[tuple[str, str, str]]:
 
 def _thread_states(pid: int) -> str:
     """:func:`_threads` as a line for an error."""
-    return ", ".join(f"{name} {state} in {wchan}" for name, state, wchan in _threads(pid)) \
-        or "none to read"
-
-
-def _scheduled_ns(pid: int) -> int:
-    """The time process ``pid``'s threads have spent on a CPU or runnable and waiting for one
-    (their ``schedstat``), in ns: it grows while any of them runs or is kept from running by
-    a busy machine, not while all of them sleep; 0 where /proc does not say."""
-    total = 0
     try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0
-    for tid in tids:
-        with contextlib.suppress(OSError, ValueError):
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                on_cpu, waiting = f.read().split()[:2]
-            total += int(on_cpu) + int(waiting)
-    return total
+        threads = _threads(pid)
+    except OSError as e:
+        return f"none to read ({e.strerror})"
+    return ", ".join(f"{name} {state} in {wchan}" for name, state, wchan in threads) or "none"
+
+
+def _scheduled_ns(pid: int) -> dict[int, int]:
+    """Each thread of process ``pid`` (by thread id): the time it has spent on a CPU or
+    runnable and waiting for one (its ``schedstat``), in ns.  It grows while the thread runs
+    or a busy machine keeps it from running, not while it sleeps; none where /proc does not
+    say."""
+    scheduled = {}
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, ValueError):
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    on_cpu, waiting = f.read().split()[:2]
+                scheduled[int(tid)] = int(on_cpu) + int(waiting)
+    return scheduled
+
+
+def _busy_share(before: dict[int, int], after: dict[int, int], elapsed_ns: int) -> float:
+    """The share of ``elapsed_ns`` a process's threads spent running or runnable between
+    two :func:`_scheduled_ns` samples, summed over its threads (a thread new since the first
+    counts whole; one gone since does not count)."""
+    grown = sum(ns - before.get(tid, 0) for tid, ns in after.items())
+    return grown / elapsed_ns if elapsed_ns > 0 else 0.0
 
 
 def _catches(pid: int, signum: int) -> bool:
@@ -216,15 +225,19 @@ class MediaDriver:
         counters file); :class:`DriverError` (:class:`DriverAlreadyRunningError`,
         :class:`DriverDirectoryError` for those refusals) with its stderr when it exits
         first, or naming ``startup_timeout`` (s) when it is not ready by then; nothing is
-        left running.  A child still being scheduled then (running, or runnable and kept
-        from a CPU by a busy machine, or in a disk wait) is given more, rechecked each
-        :data:`STARTUP_RECHECK_S`, up to :data:`STARTUP_PATIENCE` times ``startup_timeout``
-        in all; one whose threads all sleep is not.  ``prefix``: the command it runs under,
-        which must exec it (same pid), e.g. ``ip netns exec NAME`` (a network namespace) or
-        ``nsenter`` into a host's namespaces; ``view``: where this process sees
-        ``directory`` when the driver runs with a mount namespace of its own (default:
-        ``directory`` itself).  Its stderr is passed through to this process's, each line
-        marked with its pid."""
+        left running.  A child still being scheduled then (its threads running, or runnable
+        and kept from a CPU by a busy machine, :data:`STARTUP_BUSY_SHARE` of the last
+        :data:`STARTUP_RECHECK_S` or more, or one in a disk wait) is given more, looked at
+        again each :data:`STARTUP_RECHECK_S`, up to :data:`STARTUP_PATIENCE` times
+        ``startup_timeout`` in all; one whose threads sleep is stopped at its timeout.
+        ``prefix``: the command it runs under, which must exec it (same pid), e.g. ``ip
+        netns exec NAME`` (a network namespace) or ``nsenter`` into a host's namespaces;
+        ``view``: where this process sees ``directory`` when the driver runs with a mount
+        namespace of its own (default: ``directory`` itself).  Its stderr is passed through
+        to this process's, each line marked with its pid."""
+        if not startup_timeout > 0:  # NaN too
+            raise ValueError(f"startup_timeout must be a positive number of seconds, not "
+                             f"{startup_timeout!r}")
         # It stops as at SIGTERM when its standard input ends: this process holds the pipe,
         # and when it dies, killed or not, the driver drains and goes with it.
         args = [*prefix, sys.executable, "-m", "slipstream.daemon.cli", "driver",
@@ -248,7 +261,11 @@ class MediaDriver:
             started = time.monotonic()
             deadline = started + startup_timeout
             patience = started + STARTUP_PATIENCE * startup_timeout
-            scheduled_ns, checked = _scheduled_ns(process.pid), started
+            # The first look compares with a sample this far before the timeout (or at the
+            # start), not the interpreter's own start-up: a child hung by then is stopped at
+            # its timeout.
+            checked = max(started, deadline - STARTUP_RECHECK_S)
+            scheduled: dict[int, int] | None = None
             while True:
                 if process.poll() is not None:
                     driver._close_stdin()
@@ -262,17 +279,22 @@ class MediaDriver:
                     threading.Thread(target=driver._drain_stderr, daemon=True).start()
                     return driver
                 now = time.monotonic()
+                if scheduled is None and now >= checked:
+                    scheduled, checked = _scheduled_ns(process.pid), now
                 if now >= deadline:
-                    was_ns, scheduled_ns = scheduled_ns, _scheduled_ns(process.pid)
-                    busy = scheduled_ns > was_ns or any(
-                        state == "D" for _, state, _ in _threads(process.pid))
+                    was, scheduled = scheduled or {}, _scheduled_ns(process.pid)
+                    share = _busy_share(was, scheduled, round((now - checked) * 1e9))
+                    busy = share >= STARTUP_BUSY_SHARE
+                    if not busy:
+                        with contextlib.suppress(OSError):
+                            busy = any(state == "D" for _, state, _ in _threads(process.pid))
                     if busy and now < patience:
-                        checked, deadline = now, now + STARTUP_RECHECK_S
+                        checked, deadline = now, min(now + STARTUP_RECHECK_S, patience)
                     else:
                         why = (f"nor in the {now - started:.1f} s it was given in all while "
                                "it was still running or waiting for a CPU or a disk" if busy
-                               else "none of its threads ran, waited for a CPU or waited on "
-                                    f"a disk in the last {now - checked:.1f} s")
+                               else f"its threads ran or waited for a CPU {share:.0%} of the "
+                                    f"last {now - checked:.1f} s, and none waited on a disk")
                         raise DriverError(f"the driver did not start within {startup_timeout} "
                                           f"s in {directory} ({why}); "
                                           f"{driver._why_not_started()}")
