@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -111,11 +112,22 @@ def network_publication(directory: Path, uri: str, destination: tuple[str, int],
         destination=destination)
 
 
+#: The ports :func:`free_port` handed out lately, oldest first: the kernel may pick a port
+#: it picked a moment ago, once the socket that held it is closed.
+_PORTS_HANDED_OUT: collections.deque[int] = collections.deque(maxlen=1000)
+
+
 def free_port() -> int:
-    """A UDP port on 127.0.0.1 that nothing is bound to right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A UDP port on 127.0.0.1 that nothing is bound to right now, and none of the last
+    thousand this process was handed: ports taken one after another (a test's 17
+    destinations) are distinct."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _PORTS_HANDED_OUT:
+            _PORTS_HANDED_OUT.append(port)
+            return port
 
 
 # -- streams checked message by message -----------------------------------------------------
