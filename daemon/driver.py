@@ -81,8 +81,9 @@ STARTUP_PATIENCE = 5
 #: The interval over which a start is found still being scheduled, and how often one past
 #: its ``startup_timeout`` is looked at again, in seconds.
 STARTUP_RECHECK_S = 1.0
-#: The share of that interval its threads must have spent running or runnable (summed): a
-#: hung child whose timer thread wakes now and then is not being scheduled.
+#: The share of that interval its threads must have spent running or runnable (summed), if
+#: none is runnable or in a disk wait at the look: a hung child whose timer thread wakes
+#: now and then is not being scheduled.
 STARTUP_BUSY_SHARE = 0.1
 
 
@@ -129,12 +130,26 @@ def _scheduled_ns(pid: int) -> dict[int, int]:
     return scheduled
 
 
-def _busy_share(before: dict[int, int], after: dict[int, int], elapsed_ns: int) -> float:
-    """The share of ``elapsed_ns`` a process's threads spent running or runnable between
-    two :func:`_scheduled_ns` samples, summed over its threads (a thread new since the first
-    counts whole; one gone since does not count)."""
+def _start_idle(pid: int, before: dict[int, int], after: dict[int, int],
+                elapsed_s: float) -> str | None:
+    """None while process ``pid`` is still being scheduled: its threads ran or waited for a
+    CPU :data:`STARTUP_BUSY_SHARE` of the ``elapsed_s`` between two :func:`_scheduled_ns`
+    samples or more (summed over its threads; one new since the first counts whole, one
+    gone does not), or one is runnable now (``R``: a thread kept on a run queue shows that
+    wait only once it runs) or in a disk wait (``D``).  Else what it did, for an error."""
     grown = sum(ns - before.get(tid, 0) for tid, ns in after.items())
-    return grown / elapsed_ns if elapsed_ns > 0 else 0.0
+    share = grown / (elapsed_s * 1e9) if elapsed_s > 0 else 0.0
+    if share >= STARTUP_BUSY_SHARE:
+        return None
+    try:
+        if any(state in ("R", "D") for _, state, _ in _threads(pid)):
+            return None
+    except OSError:
+        pass
+    if not after:
+        return "its threads' scheduling could not be read"
+    return (f"its threads ran or waited for a CPU {int(share * 100)}% of the last "
+            f"{elapsed_s:.1f} s, and none was runnable or waiting on a disk")
 
 
 def _catches(pid: int, signum: int) -> bool:
@@ -227,9 +242,11 @@ class MediaDriver:
         first, or naming ``startup_timeout`` (s) when it is not ready by then; nothing is
         left running.  A child still being scheduled then (its threads running, or runnable
         and kept from a CPU by a busy machine, :data:`STARTUP_BUSY_SHARE` of the last
-        :data:`STARTUP_RECHECK_S` or more, or one in a disk wait) is given more, looked at
-        again each :data:`STARTUP_RECHECK_S`, up to :data:`STARTUP_PATIENCE` times
-        ``startup_timeout`` in all; one whose threads sleep is stopped at its timeout.
+        :data:`STARTUP_RECHECK_S` or more, or one runnable or in a disk wait at the look) is
+        given more, looked at again each :data:`STARTUP_RECHECK_S`, up to
+        :data:`STARTUP_PATIENCE` times ``startup_timeout`` in all; one whose threads sleep
+        is stopped at its timeout.  ValueError, before any child exists, for a
+        ``startup_timeout`` that is not a positive number of seconds.
         ``prefix``: the command it runs under, which must exec it (same pid), e.g. ``ip
         netns exec NAME`` (a network namespace) or ``nsenter`` into a host's namespaces;
         ``view``: where this process sees ``directory`` when the driver runs with a mount
@@ -261,10 +278,11 @@ class MediaDriver:
             started = time.monotonic()
             deadline = started + startup_timeout
             patience = started + STARTUP_PATIENCE * startup_timeout
-            # The first look compares with a sample this far before the timeout (or at the
-            # start), not the interpreter's own start-up: a child hung by then is stopped at
-            # its timeout.
-            checked = max(started, deadline - STARTUP_RECHECK_S)
+            # The first look compares with a sample a recheck before the timeout (or at the
+            # start, if the timeout is shorter), not with the interpreter's own start-up: a
+            # child hung by then is stopped at its timeout.
+            window = min(STARTUP_RECHECK_S, startup_timeout)
+            checked = deadline - window
             scheduled: dict[int, int] | None = None
             while True:
                 if process.poll() is not None:
@@ -281,20 +299,24 @@ class MediaDriver:
                 now = time.monotonic()
                 if scheduled is None and now >= checked:
                     scheduled, checked = _scheduled_ns(process.pid), now
-                if now >= deadline:
+                if now >= deadline and now - checked < window / 2 < patience - now:
+                    # The sample came late (this process was held up too): the child's
+                    # share is read over an interval, not an instant.
+                    deadline = checked + window
+                elif now >= deadline:
                     was, scheduled = scheduled or {}, _scheduled_ns(process.pid)
-                    share = _busy_share(was, scheduled, round((now - checked) * 1e9))
-                    busy = share >= STARTUP_BUSY_SHARE
-                    if not busy:
-                        with contextlib.suppress(OSError):
-                            busy = any(state == "D" for _, state, _ in _threads(process.pid))
-                    if busy and now < patience:
+                    idle = _start_idle(process.pid, was, scheduled, now - checked)
+                    if idle is None and now < patience:
                         checked, deadline = now, min(now + STARTUP_RECHECK_S, patience)
-                    else:
-                        why = (f"nor in the {now - started:.1f} s it was given in all while "
-                               "it was still running or waiting for a CPU or a disk" if busy
-                               else f"its threads ran or waited for a CPU {share:.0%} of the "
-                                    f"last {now - checked:.1f} s, and none waited on a disk")
+                    elif process.poll() is None:  # else the next look reports its exit
+                        if idle is None:
+                            why = (f"nor in the {STARTUP_PATIENCE * startup_timeout:.1f} s "
+                                   f"({STARTUP_PATIENCE}x) it was given while it was still "
+                                   "running or waiting for a CPU or a disk")
+                        elif now - started > startup_timeout + STARTUP_RECHECK_S / 2:
+                            why = f"{idle}, {now - started:.1f} s after it was started"
+                        else:
+                            why = idle
                         raise DriverError(f"the driver did not start within {startup_timeout} "
                                           f"s in {directory} ({why}); "
                                           f"{driver._why_not_started()}")

@@ -43,8 +43,10 @@ NETWORK_SETTINGS = {
 #: How long the fixtures wait for a driver to accept clients (s).  No test here times the
 #: start; beside the niced groups' builds and installs a start that takes 0.3 s alone was
 #: seen to take over 20 s (two fixtures in a row failed so).  A start still being scheduled
-#: is given up to STARTUP_PATIENCE times this, within pytest's timeout (300 s), so that one
-#: that never ends fails with the driver's error, its stacks and the machine's state.
+#: is given up to STARTUP_PATIENCE times this: 250 s, under the suite's default pytest
+#: timeout (300 s) for one start, so that one that never ends fails there with the
+#: driver's error, its stacks and the machine's state (a module with a shorter timeout, or
+#: a test that starts several, ends in pytest's timeout first).
 DRIVER_START_TIMEOUT_S = 50.0
 SEQUENCE = struct.Struct("<I")
 #: The IPC channel of the tests' streams that take the driver's IPC settings.
@@ -112,15 +114,26 @@ def network_publication(directory: Path, uri: str, destination: tuple[str, int],
         destination=destination)
 
 
+def _ephemeral_port_count() -> int:
+    """How many ports the kernel picks from for a bind to port 0."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return 16384
+    return high - low + 1
+
+
 #: The ports :func:`free_port` handed out lately, oldest first: the kernel may pick a port
-#: it picked a moment ago, once the socket that held it is closed.
-_PORTS_HANDED_OUT: collections.deque[int] = collections.deque(maxlen=1000)
+#: it picked a moment ago, once the socket that held it is closed.  At most a quarter of the
+#: ports it picks from, so that a fresh one is always there to find.
+_PORTS_HANDED_OUT: collections.deque[int] = collections.deque(
+    maxlen=min(1000, _ephemeral_port_count() // 4))
 
 
 def free_port() -> int:
     """A UDP port on 127.0.0.1 that nothing is bound to right now, and none of the last
-    thousand this process was handed: ports taken one after another (a test's 17
-    destinations) are distinct."""
+    ones (up to a thousand) this process was handed: ports taken one after another are
+    distinct."""
     while True:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.bind(("127.0.0.1", 0))

@@ -103,8 +103,8 @@ def test_a_driver_not_up_in_time_is_stopped_and_its_error_says_what_it_was_doing
     message = str(raised.value)
     assert time.monotonic() - started < 10
     assert "did not start within 1.0 s" in message
-    assert re.search(r"ran or waited for a CPU \d% of the last 1\.0 s, and none waited on a "
-                     "disk", message), message  # its interpreter's start-up: a few %
+    assert re.search(r"ran or waited for a CPU \d% of the last [\d.]+ s, and none was "
+                     "runnable or waiting on a disk", message), message  # its start-up: a few %
     assert "its threads: python" in message and " S in " in message, message
     assert "this machine: load " in message and "MiB available" in message, message
     if printer:
@@ -158,8 +158,8 @@ def test_a_start_busy_for_ever_ends_at_its_patience(driver_dir: Path) -> None:
     took = time.monotonic() - started
     # Then the child is stopped: a SIGTERM ends the spinning interpreter at once.
     assert STARTUP_PATIENCE * timeout <= took < STARTUP_PATIENCE * timeout + 2.0, took
-    assert f"nor in the {STARTUP_PATIENCE * timeout:.1f} s it was given in all while it " \
-           "was still running" in str(raised.value), str(raised.value)
+    assert f"nor in the {STARTUP_PATIENCE * timeout:.1f} s ({STARTUP_PATIENCE}x) it was " \
+           "given while it was still running" in str(raised.value), str(raised.value)
     alive = [pid for pid in os.listdir("/proc") if pid.isdigit()
              and marker.encode() in _cmdline(pid)]
     assert not alive, alive
@@ -167,7 +167,7 @@ def test_a_start_busy_for_ever_ends_at_its_patience(driver_dir: Path) -> None:
 
 def test_a_hung_start_whose_timer_thread_wakes_is_stopped_at_its_timeout(
         driver_dir: Path) -> None:
-    """A child hung asleep but for a thread that wakes every 10 ms is not being scheduled
+    """A child hung asleep but for a thread that wakes every 100 ms is not being scheduled
     (far under STARTUP_BUSY_SHARE of the last second): it is stopped at its timeout, not
     given STARTUP_PATIENCE times it."""
     marker = f"ticks-{os.getpid()}"
@@ -176,14 +176,18 @@ def test_a_hung_start_whose_timer_thread_wakes_is_stopped_at_its_timeout(
                "import threading, time\n"
                "def tick():\n"
                "    while True:\n"
-               "        time.sleep(0.01)\n"
+               "        time.sleep(0.1)\n"
                "threading.Thread(target=tick, daemon=True).start()\n"
                "time.sleep(3600)\n"]
     started = time.monotonic()
     with pytest.raises(DriverError) as raised:
         MediaDriver.start(driver_dir, {}, startup_timeout=2.0, prefix=ticking)
     assert time.monotonic() - started < 2.0 * STARTUP_PATIENCE - 2.0
-    assert "of the last 1.0 s, and none waited on a disk" in str(raised.value)
+    assert re.search(r"of the last [\d.]+ s, and none was runnable or waiting on a disk",
+                     str(raised.value)), str(raised.value)
+    alive = [pid for pid in os.listdir("/proc") if pid.isdigit()
+             and marker.encode() in _cmdline(pid)]
+    assert not alive, alive
 
 
 @pytest.mark.parametrize("timeout", [0.0, -1.0, float("nan")])
