@@ -19,7 +19,11 @@ the differences say which thread costs what.
 
 Last, the time to a stream's first message, keyed and plain (``--first N`` of each, in
 turns): from the publication's add on one driver to the message's arrival at a subscription
-that waits on the other, with whatever exchange a keyed stream makes before it carries data.
+that waits on the other, with whatever exchange a keyed stream makes before it carries data;
+with the first program's clients (their idle strategy: a loop that finds nothing yields),
+and with loops that never yield (``spins_before_yield=None``).  A loop that never yields
+keeps the GIL: the subscriber's client thread, which hands the image over, then gets it a
+switch interval (5 ms) at a time, once per call of its own that lets it go.
 
     .venv/bin/python -m bench.encrypted_cpu [--sizes 1024,65536] [--bytes N] [--pairs P]
         [--idle park,yield,sleep] [--first N] [--set KEY=VALUE ...]
@@ -215,10 +219,11 @@ def limit_lines(mode: str, runs: dict[str, list[tuple[float, list[float]]]],
     return lines
 
 
-def first_messages(a: MediaDriver, b: MediaDriver, trials: int, stream_id: int
-                   ) -> dict[str, list[float]]:
+def first_messages(a: MediaDriver, b: MediaDriver, trials: int, stream_id: int, *,
+                   spin: bool = False) -> dict[str, list[float]]:
     """Seconds from a publication's add (on ``a``) to its first message's arrival at a
-    subscription already waiting (on ``b``), ``trials`` keyed and plain streams in turns."""
+    subscription already waiting (on ``b``), ``trials`` keyed and plain streams in turns;
+    the clients' loops yield as the first program's do, or (``spin``) never."""
     from slipstream.client import Client
 
     times: dict[str, list[float]] = {"plain": [], "encrypted": []}
@@ -227,8 +232,9 @@ def first_messages(a: MediaDriver, b: MediaDriver, trials: int, stream_id: int
     def handler(data: memoryview, header: object) -> None:
         got.append(len(data))
 
-    with Client.connect(a.directory, spins_before_yield=None) as publisher, \
-            Client.connect(b.directory, spins_before_yield=None) as subscriber:
+    loops = {"spins_before_yield": None} if spin else {}
+    with Client.connect(a.directory, **loops) as publisher, \
+            Client.connect(b.directory, **loops) as subscriber:
         for _ in range(trials):
             for name, key in (("plain", ""), ("encrypted", "|key=bench")):
                 stream_id += 1
@@ -310,13 +316,17 @@ def main() -> int:
                 lines = limit_lines(mode, results[mode], bare)
                 whole = whole and "no whole pair" not in lines[0]
                 print("\n".join(lines), flush=True)
-        if args.first > 0:
-            times = first_messages(a, b, args.first, stream_id + 1000)
+        for loops, spin in (("the first program's loops", False),
+                            ("loops that never yield", True)) if args.first > 0 else ():
+            stream_id += 1000
+            times = first_messages(a, b, args.first, stream_id, spin=spin)
             if all(times.values()):
                 plain, keyed = (statistics.median(times[n]) * 1e3 for n in ("plain", "encrypted"))
-                print(f"time to the first message (medians of {args.first}): plain "
+                print(f"time to the first message, {loops} (medians of {args.first}): plain "
                       f"{plain:.2f} ms, keyed {keyed:.2f} ms, keyed / plain {keyed / plain:.2f}x "
-                      f"(keyed {min(times['encrypted']) * 1e3:.2f}-"
+                      f"(plain {min(times['plain']) * 1e3:.2f}-"
+                      f"{max(times['plain']) * 1e3:.2f} ms, keyed "
+                      f"{min(times['encrypted']) * 1e3:.2f}-"
                       f"{max(times['encrypted']) * 1e3:.2f} ms)", flush=True)
             else:
                 whole = False

@@ -13,6 +13,7 @@ application reaches it through :class:`~slipstream.client.client.Client`.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -207,6 +208,9 @@ class ClientConductor:
         self._torn_down = False
         self._close_done = threading.Event()
         self._doorbells: dict[str, socket.socket] = {}
+        #: Image logs handed to their subscriptions before their pages were mapped in
+        #: place: the conductor thread maps them, a step at a time, between its events.
+        self._populating: collections.deque[LogBuffer] = collections.deque()
         self.counters: CountersFile
         self.client_id = 0
 
@@ -437,9 +441,11 @@ class ClientConductor:
                         return
                     self._read_notice()
                     self._events.receive()
+                # Without the lock: the application reads the image meanwhile.
+                populating = self._populate_step()
                 # Events make the socket's FD readable; the timeout is a safety net only.
                 with contextlib.suppress(OSError, ValueError):
-                    poller.poll(EVENTS_SAFETY_NET_S * 1000)
+                    poller.poll(0 if populating else EVENTS_SAFETY_NET_S * 1000)
         finally:
             with self._lock:
                 self._thread_stage = _THREAD_ENDED
@@ -447,6 +453,14 @@ class ClientConductor:
             os.close(self._notices)
             if left_to_thread:
                 self._socket.close(0)
+
+    def _populate_step(self) -> bool:
+        """(The conductor thread.)  A step of mapping the first image log left to map in
+        place (one closed meanwhile has none left); whether any is left."""
+        populating = self._populating
+        if populating and not populating[0].populate_step():
+            populating.popleft()
+        return bool(populating)
 
     def _read_notice(self) -> None:
         """Under the lock: apply what the keepalive thread found, if it wrote anything (close()
@@ -546,8 +560,12 @@ class ClientConductor:
         subscription = self._subscriptions.get(message["subscription_registration_id"])
         if subscription is None or subscription.is_closed:
             return
+        # On the conductor thread its pages are mapped after the image is handed over, so
+        # that the subscriber may read as the image comes (a request's wait, on the
+        # application's thread, maps them at once).
+        behind = threading.current_thread() is self._thread
         try:
-            log_buffer = LogBuffer(message["log_file"])
+            log_buffer = LogBuffer(message["log_file"], behind=behind)
         except (OSError, ValueError) as e:
             # It may be gone already (a short-lived image): its UNAVAILABLE_IMAGE follows.
             log.info("could not map image %s: %s", message["log_file"], e)
@@ -557,6 +575,8 @@ class ClientConductor:
                                         message.get("source_identity", ""),
                                         message.get("channel_key"))
         subscription._add_image(image)
+        if behind and log_buffer.unpopulated:
+            self._populating.append(log_buffer)
 
     def on_unavailable_image(self, message: dict[str, Any]) -> None:
         subscription = self._subscriptions.get(message["subscription_registration_id"])

@@ -17,6 +17,7 @@ import errno
 import operator
 import os
 import struct
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,11 @@ from slipstream.client.layout import (
     max_message_length,
 )
 from slipstream.client.mapping import map_shared, unmap
+
+#: Bytes :meth:`LogBuffer.populate_step` maps in place at most: about a third of a
+#: millisecond here, so that a thread that maps a log behind its hand-over soon sees other
+#: work (its events, the next log to make), and a close waits at most that long.
+POPULATE_STEP = 4 << 20
 
 #: A PAD header but its frame length, which goes last (version .. term_id).
 _PAD_AFTER_LENGTH = struct.Struct("<" + DATA_HEADER.format[2:-1])
@@ -260,16 +266,26 @@ class LogBuffer(OfOneLog):
     """
 
     def __init__(self, path: str | os.PathLike[str], *, writable: bool = True,
-                 populate: bool | None = None) -> None:
+                 populate: bool | None = None, behind: bool = False) -> None:
         """Map the log at ``path``.  ``populate`` maps every page in place up front (default:
         when the log is not sparse), so the hot paths never take a page fault.  A view of a
         sparse log (``populate`` None: a publisher's, a subscriber's image, the driver's of
         an image) still has the pages the file holds already mapped in place (none in a new
         file; those of a released log's file the driver reused for it, or of a live log
         written so far), on the thread that maps it, where its writer or reader would
-        otherwise take a fault for each 4 KiB written or 64 KiB read."""
+        otherwise take a fault for each 4 KiB written or 64 KiB read.
+
+        ``behind``: those pages are not mapped now but by :meth:`populate_step`, which a
+        thread of the process calls after the log is handed out (the active term first):
+        the log's first message need not wait for the 5-15 ms that mapping 48 MiB in place
+        takes, and a reader or writer ahead of that thread takes the faults itself."""
         self.path = Path(path)
         self._borrowed = False  # a handle on another LogBuffer's mapping (see borrowed())
+        #: What is left to map in place (``behind``): ``(start, end, writable)`` byte ranges
+        #: of the mapping, in the order they are mapped; guarded by ``_populating``, which
+        #: :meth:`close` takes too, so that no step maps a range once the log is unmapped.
+        self._unpopulated: list[tuple[int, int, int]] = []
+        self._populating = threading.Lock()
         fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
         try:
             length = os.fstat(fd).st_size
@@ -298,14 +314,23 @@ class LogBuffer(OfOneLog):
         self.max_message_length = max_message_length(term_length)
         self.max_payload = self.mtu - HEADER_LENGTH
         if populate if populate is not None else not self.is_sparse:
-            self._populate(writable)
+            ranges = [(0, self.length, int(writable))]
         else:
             # Mapped for reading: the file's own pages, written before, are mapped 16 to a
             # fault (fault-around) where a write populate takes a fault a page (64 MB: 1k
             # faults, 2 ms, against 16k, 5-10 ms).  The entries are writable on tmpfs (a
             # shared mapping of it needs no write notice), so the writes take no fault.
-            for start, end in resident:
-                lib.ss_populate(self.address + start, end - start, 0)
+            ranges = [(start, end, 0) for start, end in resident]
+        if behind:
+            # The active term is where the log is written and read first.
+            first = index_by_term_count(self.active_term_count) * term_length
+            self._unpopulated = ([(max(start, first), end, w) for start, end, w in ranges
+                                  if end > first]
+                                 + [(start, min(end, first), w) for start, end, w in ranges
+                                    if start < first])
+        else:
+            for start, end, w in ranges:
+                lib.ss_populate(self.address + start, end - start, w)
 
     # -- creation -------------------------------------------------------------------------
     @classmethod
@@ -333,10 +358,11 @@ class LogBuffer(OfOneLog):
         populate: bool | None = None,
         mode: int = 0o600,
         reused: bool = False,
+        behind: bool = False,
     ) -> LogBuffer:
         """Create and initialise a log file (the driver's job, with ``mode``:
-        :func:`control.file_mode`) and map it (``populate``: as for the constructor).  A
-        failure leaves no file behind.
+        :func:`control.file_mode`) and map it (``populate`` and ``behind``: as for the
+        constructor).  A failure leaves no file behind.
 
         ``reused``: the file exists at ``path`` already, of this log's length and every byte
         zero (a released log the driver's pool handed out): it is initialised in place.
@@ -390,18 +416,34 @@ class LogBuffer(OfOneLog):
             if not sparse:
                 # Fails now (ENOSPC) rather than with SIGBUS on some later page.
                 os.posix_fallocate(fd, 0, length)
-            return cls(path, populate=populate)
+            return cls(path, populate=populate, behind=behind)
         except BaseException:
             path.unlink(missing_ok=True)
             raise
         finally:
             os.close(fd)
 
-    def _populate(self, writable: bool) -> None:
-        """Fault every page of the mapping in now (Linux >= 5.14; older kernels fault lazily),
-        in C with the GIL released: the process's other threads (a driver's network thread)
-        run on meanwhile."""
-        lib.ss_populate(self.address, self.length, int(writable))
+    def populate_step(self) -> bool:
+        """Map up to :data:`POPULATE_STEP` bytes more of what a log mapped ``behind`` left, in
+        place (Linux >= 5.14; older kernels fault lazily), in C with the GIL released;
+        whether more is left.  Any thread: once the log is closed nothing is left."""
+        with self._populating:
+            if not self._unpopulated:
+                return False
+            start, end, writable = self._unpopulated[0]
+            stop = min(end, start + POPULATE_STEP)
+            lib.ss_populate(self.address + start, stop - start, writable)
+            if stop < end:
+                self._unpopulated[0] = (stop, end, writable)
+            else:
+                del self._unpopulated[0]
+            return bool(self._unpopulated)
+
+    @property
+    def unpopulated(self) -> int:
+        """Bytes a log mapped ``behind`` has still to map in place (:meth:`populate_step`)."""
+        with self._populating:
+            return sum(end - start for start, end, _ in self._unpopulated)
 
     # -- metadata --------------------------------------------------------------------------
     @property
@@ -562,6 +604,7 @@ class LogBuffer(OfOneLog):
         the mapping to this one, which must outlive the handle's use."""
         handle = copy.copy(self)
         handle._borrowed = True
+        handle._unpopulated = []  # the owner's to map
         return handle
 
     def close(self) -> None:
@@ -572,9 +615,11 @@ class LogBuffer(OfOneLog):
         if self._borrowed:
             self._map = None  # type: ignore[assignment]
             return
-        self.view.release()
-        unmap(self._map, self._cdata)
-        self._map = None  # type: ignore[assignment]
+        with self._populating:  # a step under way ends first; none comes after
+            self._unpopulated.clear()
+            self.view.release()
+            unmap(self._map, self._cdata)
+            self._map = None  # type: ignore[assignment]
 
     @property
     def closed(self) -> bool:

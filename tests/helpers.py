@@ -740,3 +740,21 @@ def start_holding_archive(driver_dir: Path | None, address: str, port: int, arch
         return popen(*command)
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
+
+
+def hold_populate_steps(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event,
+                                                                     threading.Event]:
+    """Hold every ``LogBuffer.populate_step`` of this process until the second event is set
+    (the test sets it, in a ``finally`` too); the first is set when a step is held."""
+    from slipstream.client.logbuffer import LogBuffer
+
+    stepping, go_on = threading.Event(), threading.Event()
+    step = LogBuffer.populate_step
+
+    def held_step(log: LogBuffer) -> bool:
+        stepping.set()
+        assert go_on.wait(30)
+        return step(log)
+
+    monkeypatch.setattr(LogBuffer, "populate_step", held_step)
+    return stepping, go_on

@@ -14,7 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import IPC_CHANNEL, offer_until, voluntary_switches, wait_for
+from helpers import (
+    IPC_CHANNEL,
+    hold_populate_steps,
+    offer_until,
+    voluntary_switches,
+    wait_for,
+)
 
 from slipstream.client import (
     BACK_PRESSURED,
@@ -75,6 +81,34 @@ def test_the_time_a_command_takes_counts_in_the_conductors_max_cycle_time(
     longest = read_system_counters(driver.directory)[SystemCounter.CONDUCTOR_MAX_CYCLE_TIME_NS]
     publication.close()
     assert longest >= waited[0] * 1e9 / 2, (longest, waited)
+
+
+def test_an_image_is_read_before_its_clients_thread_maps_its_pages_in_place(
+        driver: MediaDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A subscriber's client hands an image to its subscription as it comes, and maps the
+    log's pages in place after, on its conductor thread, a step at a time: held at its
+    first step, the subscriber reads the stream's first message already; let go, all of the
+    log is mapped."""
+    stepping, go_on = hold_populate_steps(monkeypatch)
+    channel = IPC_CHANNEL + "?term-length=1m"
+    try:
+        with Client.connect(driver.directory) as subscriber, \
+                Client.connect(driver.directory) as publisher:
+            subscription = subscriber.add_subscription(channel, 1040)
+            publication = publisher.add_publication(channel, 1040)
+            assert stepping.wait(30)  # the subscriber's conductor thread, at its first step
+            (image,) = subscription.images
+            log = image._log
+            assert log.unpopulated == log.length
+            offer_until(publication, b"first")
+            got: list[bytes] = []
+            wait_for(lambda: subscription.poll(lambda data, _: got.append(bytes(data)), 1),
+                     what="the first message")
+            assert got == [b"first"] and log.unpopulated == log.length
+            go_on.set()
+            wait_for(lambda: log.unpopulated == 0, what="the image's pages mapped")
+    finally:
+        go_on.set()
 
 
 @pytest.mark.parametrize("spins", [16, None])

@@ -29,6 +29,7 @@ import os
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from helpers import (
     connect,
     counters_of,
     free_port,
+    hold_populate_steps,
     resize_tmpfs,
     small_tmpfs,
     stream,
@@ -575,6 +577,40 @@ def test_a_large_kept_file_is_zeroed_in_pieces_between_new_logs(shm: Path) -> No
     assert kept.read_bytes()[:3 * TERM] == bytes(3 * TERM)
     assert pool.take(shm / "9.logbuffer", LOG_LENGTH)
     maker.close()
+
+
+def test_the_worker_hands_a_log_out_before_it_maps_the_logs_pages_in_place(
+        shm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver's worker makes a dense log without its pages mapped in place, hands it out
+    (the conductor attaches the image then), and maps them after: held at its first step of
+    that, the log is already taken, none of it mapped; let go, all of it is mapped.  A log
+    the conductor made itself (a network publication's) is mapped there the same way."""
+    stepping, go_on = hold_populate_steps(monkeypatch)
+    woken = threading.Event()
+    maker = ImageLogMaker(making=LogMaking.THREADED, wake=woken.set)
+    assert maker.populates_behind
+    kwargs = {"term_length": TERM, "initial_term_id": 1, "session_id": 3, "stream_id": 5,
+              "mtu": 1408, "correlation_id": 9, "sparse": False}
+    ours = LogBuffer.create(shm / "2.logbuffer", behind=True, **kwargs)
+    try:
+        maker.submit(LogJob(shm / "1.logbuffer", LOG_LENGTH, kwargs, request=None))
+        assert woken.wait(30)
+        (done,) = maker.take_done()
+        made = done.result
+        assert isinstance(made, LogBuffer)
+        maker.populate_behind(ours)
+        assert stepping.wait(30)
+        assert made.unpopulated == made.length and ours.unpopulated == ours.length
+        go_on.set()
+        deadline = time.monotonic() + 30
+        while (made.unpopulated or ours.unpopulated) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert made.unpopulated == 0 and ours.unpopulated == 0
+        made.close()
+    finally:
+        go_on.set()
+        maker.close()
+        ours.close()
 
 
 def test_the_maker_takes_each_sources_logs_in_turn(shm: Path) -> None:

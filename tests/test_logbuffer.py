@@ -39,6 +39,7 @@ from slipstream.client.layout import (
     UNFRAGMENTED,
 )
 from slipstream.client.logbuffer import (
+    POPULATE_STEP,
     LogBuffer,
     LogIdentity,
     compute_log_length,
@@ -326,6 +327,53 @@ def test_the_pages_a_sparse_logs_file_holds_are_mapped_in_bulk_for_a_writer_and_
     finally:
         reader.close()
         writer.close()
+        created.close()
+
+
+def read_pages(log: LogBuffer, start: int, end: int) -> int:
+    """Minor faults this thread takes reading a byte of each page of ``[start, end)``."""
+    view = log.view
+    before = thread_faults()
+    for offset in range(start, end, 4096):
+        view[offset]
+    return thread_faults() - before
+
+
+def test_a_log_mapped_behind_maps_its_pages_in_steps_the_active_term_first(
+        shm: Path) -> None:
+    # A dense log whose active term is its second: mapped behind, none of its pages is in
+    # place until a step maps them, the active term's first, a step's bytes at a time.
+    term_length = POPULATE_STEP
+    created = make_log(shm, term_length=term_length, sparse=False, initial_term_count=1)
+    log = LogBuffer(created.path, behind=True)
+    try:
+        assert log.unpopulated == log.length
+        assert min(resident_kib(created.path)) < 64  # this view: none of its terms
+        assert log.populate_step()  # one step: the active term, whole
+        assert log.unpopulated == log.length - term_length
+        assert read_pages(log, term_length, 2 * term_length) == 0
+        assert read_pages(log, 0, term_length) > 0  # still to map: the reader faults
+        while log.populate_step():
+            pass
+        assert log.unpopulated == 0 and not log.populate_step()
+        assert min(resident_kib(created.path)) * 1024 >= log.length
+        assert read_pages(log, 2 * term_length, log.length) == 0
+    finally:
+        log.close()
+        created.close()
+
+
+def test_a_log_closed_before_its_pages_are_mapped_behind_has_none_left_to_map(
+        shm: Path) -> None:
+    created = make_log(shm, term_length=1 << 20, sparse=False)
+    log = LogBuffer(created.path, behind=True)
+    borrowed = log.borrowed()
+    try:
+        assert log.unpopulated == log.length
+        assert borrowed.unpopulated == 0  # a borrowed handle leaves it to the owner
+        log.close()
+        assert log.unpopulated == 0 and not log.populate_step()
+    finally:
         created.close()
 
 

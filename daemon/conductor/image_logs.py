@@ -20,7 +20,11 @@ discarded log's file is kept for a later log of the same length instead of delet
 there, on the worker, in pieces of :attr:`LogPool.ZERO_STEP` between which the worker
 makes the logs queued), a new log takes one kept, and the worker deletes those kept too long;
 the network publications' logs are discarded here too, so that no log is zeroed or deleted
-on the conductor's thread.
+on the conductor's thread.  The worker also maps a log's pages in place after the log is
+handed out (:meth:`ImageLogMaker.populate_behind`: an image's, and a network publication's
+that the conductor made), a step of :data:`~slipstream.client.logbuffer.POPULATE_STEP` at a
+time when no log waits to be made or deleted, so that an image is attached, and its first
+status message sent, without waiting for that.
 
 The conductor reserves a log's memory in its budget before it submits it and gives it back
 for every log that fails or is still queued at :meth:`ImageLogMaker.close`, and for every
@@ -102,6 +106,8 @@ class ImageLogMaker:
         self._discards: deque[tuple[LogBuffer, Callable[[], None]]] = deque()
         self._done: list[LogJob] = []
         self._gone: list[Callable[[], None]] = []
+        #: Logs handed out before their pages were mapped in place, the first being mapped.
+        self._populating: deque[LogBuffer] = deque()
         self._closing = False
         self._thread: threading.Thread | None = None
 
@@ -125,6 +131,21 @@ class ImageLogMaker:
                 raise RuntimeError("the image log maker is closed")
             self._queued.setdefault(job.source, deque()).append(job)
             self._start()
+
+    @property
+    def populates_behind(self) -> bool:
+        """Whether logs are mapped in place after they are handed out (on the worker), so
+        that their makers map them ``behind``."""
+        return self.making is LogMaking.THREADED
+
+    def populate_behind(self, log_buffer: LogBuffer) -> None:
+        """Map in place (on the worker, when it has no log to make or delete) the pages of
+        ``log_buffer``, which was mapped ``behind`` (:attr:`populates_behind`); a log
+        closed meanwhile is left."""
+        with self._lock:
+            if self.making is LogMaking.THREADED and not self._closing:
+                self._populating.append(log_buffer)
+                self._start()
 
     def discard(self, log_buffer: LogBuffer, gone: Callable[[], None]) -> None:
         """Unmap ``log_buffer`` and delete its file, then ``gone`` (on the caller's thread:
@@ -171,6 +192,7 @@ class ImageLogMaker:
             self._closing = True
             unmade = [job for jobs in self._queued.values() for job in jobs]
             self._queued.clear()
+            self._populating.clear()
             self._work.notify_all()
             thread = self._thread
         if thread is not None:
@@ -210,9 +232,12 @@ class ImageLogMaker:
 
     def _do(self, unit: tuple[LogBuffer, Callable[[], None]] | LogJob) -> None:
         if isinstance(unit, LogJob):
-            _make(unit, self.pool)
+            behind = self.populates_behind
+            _make(unit, self.pool, behind=behind)
             with self._lock:
                 self._done.append(unit)
+                if behind and isinstance(unit.result, LogBuffer) and not self._closing:
+                    self._populating.append(unit.result)
         else:
             _discard(unit[0], self.pool)
             with self._lock:
@@ -227,7 +252,8 @@ class ImageLogMaker:
         native.ss_name_thread(b"ss-image-logs")  # for ps -T, top -H, perf
         while True:
             with self._lock:
-                while not self._queued and not self._discards and not self._closing:
+                while (not self._queued and not self._discards and not self._populating
+                       and not self._closing):
                     if self.pool is not None and self.pool.is_due():
                         self._lock.release()  # the pool deletes without holding the queue
                         try:
@@ -237,9 +263,15 @@ class ImageLogMaker:
                         continue
                     self._work.wait(self._pool_wait_s())
                 unit = self._next_unit()
-                if unit is None:
+                if unit is None and (self._closing or not self._populating):
                     return  # closing: close() discards what is left
-            self._do(unit)
+                populating = self._populating[0] if unit is None else None
+            if unit is not None:
+                self._do(unit)
+            elif populating is not None and not populating.populate_step():
+                with self._lock:
+                    if self._populating and self._populating[0] is populating:
+                        self._populating.popleft()
 
     def _wake_for_pool(self) -> None:
         """The pool holds more than it may (:meth:`LogPool.set_room`): it settles on the
@@ -281,9 +313,9 @@ def _discard(log_buffer: LogBuffer, pool: LogPool | None) -> None:
         log.exception("deleting the image log %s failed", log_buffer.path)
 
 
-def _make(job: LogJob, pool: LogPool | None) -> None:
+def _make(job: LogJob, pool: LogPool | None, *, behind: bool = False) -> None:
     try:
         job.result = make_log_file(job.path, job.length, pool, logs_length=job.logs_length,
-                                   **job.kwargs)
+                                   behind=behind, **job.kwargs)
     except Exception as e:  # handed to the conductor, which says what failed
         job.result = e

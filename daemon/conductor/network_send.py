@@ -263,6 +263,9 @@ class SendSide:
         session_id = (params.session_id if params.session_id is not None
                       else self._new_session_id())
         path = self.directory / control.PUBLICATIONS_DIR / f"{registration_id}.logbuffer"
+        # A dense log's pages are mapped in place on the log worker, not here: the answer
+        # and the SETUP need not wait for them.
+        behind = self._log_maker is not None and self._log_maker.populates_behind
         log_buffer = create_log(
             path, self.budget, f"stream {stream_id} on {channel}",
             self._log_maker.pool if self._log_maker is not None else None,
@@ -272,8 +275,11 @@ class SendSide:
             linger_timeout_ns=params.linger_timeout_ns, sparse=params.sparse,
             # The driver's view of a sparse log is read by the sender (faults that map 16
             # pages each) and cleaned behind it: no pages mapped up front on this thread.
-            populate=False if params.sparse else None,
+            populate=False if params.sparse else None, behind=behind,
             mode=settings.file_mode(clients_write=True), **log_start(params, self._rng))
+        if behind:
+            assert self._log_maker is not None
+            self._log_maker.populate_behind(log_buffer)
         label = f"{channel} stream={stream_id} session={session_id}"
         try:
             flow_control = flow_control_for(params)
