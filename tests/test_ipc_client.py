@@ -91,9 +91,9 @@ def test_an_image_is_read_before_its_clients_thread_maps_its_pages_in_place(
     log is mapped."""
     stepping, go_on = hold_populate_steps(monkeypatch)
     channel = IPC_CHANNEL + "?term-length=1m"
-    try:
-        with Client.connect(driver.directory) as subscriber, \
-                Client.connect(driver.directory) as publisher:
+    with Client.connect(driver.directory) as subscriber, \
+            Client.connect(driver.directory) as publisher:
+        try:  # let go before the clients close: a held step holds the subscriber's thread
             subscription = subscriber.add_subscription(channel, 1040)
             publication = publisher.add_publication(channel, 1040)
             assert stepping.wait(30)  # the subscriber's conductor thread, at its first step
@@ -107,8 +107,8 @@ def test_an_image_is_read_before_its_clients_thread_maps_its_pages_in_place(
             assert got == [b"first"] and log.unpopulated == log.length
             go_on.set()
             wait_for(lambda: log.unpopulated == 0, what="the image's pages mapped")
-    finally:
-        go_on.set()
+        finally:
+            go_on.set()
 
 
 @pytest.mark.parametrize("spins", [16, None])

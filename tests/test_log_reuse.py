@@ -592,12 +592,13 @@ def test_the_worker_hands_a_log_out_before_it_maps_the_logs_pages_in_place(
     kwargs = {"term_length": TERM, "initial_term_id": 1, "session_id": 3, "stream_id": 5,
               "mtu": 1408, "correlation_id": 9, "sparse": False}
     ours = LogBuffer.create(shm / "2.logbuffer", behind=True, **kwargs)
+    made: LogBuffer | None = None
     try:
         maker.submit(LogJob(shm / "1.logbuffer", LOG_LENGTH, kwargs, request=None))
         assert woken.wait(30)
         (done,) = maker.take_done()
+        assert isinstance(done.result, LogBuffer)
         made = done.result
-        assert isinstance(made, LogBuffer)
         maker.populate_behind(ours)
         assert stepping.wait(30)
         assert made.unpopulated == made.length and ours.unpopulated == ours.length
@@ -606,11 +607,12 @@ def test_the_worker_hands_a_log_out_before_it_maps_the_logs_pages_in_place(
         while (made.unpopulated or ours.unpopulated) and time.monotonic() < deadline:
             time.sleep(0.01)
         assert made.unpopulated == 0 and ours.unpopulated == 0
-        made.close()
     finally:
         go_on.set()
         maker.close()
         ours.close()
+        if made is not None:
+            made.close()
 
 
 def test_the_maker_takes_each_sources_logs_in_turn(shm: Path) -> None:

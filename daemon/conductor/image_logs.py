@@ -268,7 +268,12 @@ class ImageLogMaker:
                 populating = self._populating[0] if unit is None else None
             if unit is not None:
                 self._do(unit)
-            elif populating is not None and not populating.populate_step():
+                continue
+            # The pool's upkeep between the steps: a flood of large logs to map must not
+            # keep it past its cap, or its files past their time, until all are mapped.
+            if self.pool is not None and self.pool.is_due():
+                self._settle_pool()
+            if populating is not None and not populating.populate_step():
                 with self._lock:
                     if self._populating and self._populating[0] is populating:
                         self._populating.popleft()
