@@ -215,19 +215,29 @@ def _frames(payload: bytes) -> list[Any]:
 
 
 class _Pacer:
-    """``rate`` sends a second (0: as fast as the socket takes them) for ``seconds``."""
+    """``rate`` sends a second for ``seconds``: each of the ``rate * seconds`` sends at its
+    time, or at once when the sender fell behind (a busy machine), so that they all go,
+    late rather than never; with ``rate`` 0, as fast as the socket takes them until
+    ``seconds`` passed."""
 
     def __init__(self, rate: float, seconds: float) -> None:
         self.rate, self.start = rate, time.monotonic()
         self.deadline = self.start + seconds
+        self.total = round(rate * seconds) if rate > 0 else None
         self.count = 0
 
     def __iter__(self) -> Iterator[int]:
-        while (now := time.monotonic()) < self.deadline:
-            if self.rate > 0:
+        while True:
+            now = time.monotonic()
+            if self.total is None:
+                if now >= self.deadline:
+                    return
+            elif self.count >= self.total:
+                return
+            else:
                 due = self.start + self.count / self.rate
                 if due > now:
-                    time.sleep(min(due - now, self.deadline - now))
+                    time.sleep(due - now)
                     continue
             yield self.count
             self.count += 1
