@@ -320,8 +320,15 @@ int32_t ss_scan_gap(const uint8_t *term, int32_t rebuild_offset, int32_t limit_o
  * half-cleaned header. */
 void ss_clean(uint8_t *base, int64_t length);
 
+/* The bytes one madvise of ss_populate maps at most (4 MiB): the kernel holds the process's
+ * mmap lock through one madvise, and another thread's mmap or munmap (the driver's conductor
+ * making a publication's log while a worker populates an image's 3 x 128 MiB) would wait for
+ * all of it.  A log mapped behind its hand-over (LogBuffer.populate_step) is mapped a step at
+ * a time too. */
+#define SS_POPULATE_STEP 4194304
+
 /* Fault in every page of [address, address+length) now (MADV_POPULATE_WRITE, or _READ for a
- * read-only mapping; Linux >= 5.14).  Called through cffi, so the GIL is released meanwhile:
+ * read-only mapping; Linux >= 5.14), SS_POPULATE_STEP bytes a madvise.  Called through cffi, so the GIL is released meanwhile:
  * filling a 192 MiB log takes tens of ms.  Returns 0 or an errno value. */
 int32_t ss_populate(uint8_t *address, int64_t length, int32_t writable);
 

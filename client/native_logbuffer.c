@@ -35,10 +35,6 @@ int ss_rotate_log(uint8_t *meta, int32_t current_term_count, int32_t current_ter
 #define MADV_POPULATE_WRITE 23
 #endif
 
-/* In steps: the kernel holds the process's mmap lock through one madvise, and another thread's
- * mmap or munmap (the driver's conductor making a publication's log while a worker populates an
- * image's 3 x 128 MiB) would wait for all of it. */
-#define SS_POPULATE_STEP ((int64_t)4 << 20)
 
 int32_t ss_populate(uint8_t *address, int64_t length, int32_t writable) {
     int advice = writable ? MADV_POPULATE_WRITE : MADV_POPULATE_READ;

@@ -46,9 +46,9 @@ SESSION = 424242
 TERM_ID = 1000
 TERM_LENGTH = 1 << 20
 RATE = 2000
-#: How long the stream of the first test runs, s: its attacks take 20 s and a process start
-#: each (about 28 s in all on a quiet machine, 38 s beside a CPU hog); each must run while
-#: the stream does.
+#: How long the stream of the first test runs, s: its attacks take about 20 s (a paced one
+#: that falls behind sends the rest late) and a process start each (about 28 s in all on a
+#: quiet machine, 38 s beside a CPU hog); each must run while the stream does.
 STREAM_S = 60.0
 #: A publication with no status message for this long counts its receivers gone, s (the
 #: drivers run with the defaults): the longest the legitimate stream may deliver nothing,

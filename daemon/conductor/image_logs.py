@@ -290,8 +290,9 @@ class ImageLogMaker:
                 self._start()
 
     def _settle_pool(self) -> None:
-        """(The worker, idle.)  :meth:`LogPool.settle`, and the conductor woken when it
-        changed what the pool holds (it shows that in the system counters)."""
+        """(The worker, idle or between the steps of mapping a log.)  :meth:`LogPool.settle`,
+        and the conductor woken when it changed what the pool holds (it shows that in the
+        system counters)."""
         assert self.pool is not None
         changes = self.pool.changes
         try:

@@ -277,7 +277,7 @@ class SendSide:
             # pages each) and cleaned behind it: no pages mapped up front on this thread.
             populate=False if params.sparse else None, behind=behind,
             mode=settings.file_mode(clients_write=True), **log_start(params, self._rng))
-        if behind and log_buffer.unpopulated:  # a sparse log has none to map
+        if behind and log_buffer.unpopulated:  # a new sparse log has none to map
             assert self._log_maker is not None
             self._log_maker.populate_behind(log_buffer)
         label = f"{channel} stream={stream_id} session={session_id}"
