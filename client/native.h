@@ -328,8 +328,9 @@ void ss_clean(uint8_t *base, int64_t length);
 #define SS_POPULATE_STEP 4194304
 
 /* Fault in every page of [address, address+length) now (MADV_POPULATE_WRITE, or _READ for a
- * read-only mapping; Linux >= 5.14), SS_POPULATE_STEP bytes a madvise.  Called through cffi, so the GIL is released meanwhile:
- * filling a 192 MiB log takes tens of ms.  Returns 0 or an errno value. */
+ * read-only mapping; Linux >= 5.14), SS_POPULATE_STEP bytes a madvise.  Called through cffi,
+ * so the GIL is released meanwhile: filling a 192 MiB log takes tens of ms.  Returns 0 or an
+ * errno value. */
 int32_t ss_populate(uint8_t *address, int64_t length, int32_t writable);
 
 /* Name the calling thread for ps -T, top -H, perf and /proc/<pid>/task/<tid>/comm: a leading

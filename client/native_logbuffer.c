@@ -35,7 +35,6 @@ int ss_rotate_log(uint8_t *meta, int32_t current_term_count, int32_t current_ter
 #define MADV_POPULATE_WRITE 23
 #endif
 
-
 int32_t ss_populate(uint8_t *address, int64_t length, int32_t writable) {
     int advice = writable ? MADV_POPULATE_WRITE : MADV_POPULATE_READ;
     for (int64_t done = 0; done < length; done += SS_POPULATE_STEP) {

@@ -236,7 +236,8 @@ class ImageLogMaker:
             _make(unit, self.pool, behind=behind)
             with self._lock:
                 self._done.append(unit)
-                if behind and isinstance(unit.result, LogBuffer) and not self._closing:
+                if (behind and isinstance(unit.result, LogBuffer) and unit.result.unpopulated
+                        and not self._closing):  # a new sparse log has none to map
                     self._populating.append(unit.result)
         else:
             _discard(unit[0], self.pool)
