@@ -396,13 +396,31 @@ def test_the_heartbeats_are_the_c_halfs_from_the_first_sm_to_done(shm: Path) -> 
     assert frames(cycle(pub, 101 * MS)) == [Heartbeat(160, 5, 6, 10)]
     pub.on_frame(sm(offset=160), DEST, 102 * MS)
     pub.close(102 * MS)
-    cycle(pub, 102 * MS)  # all sent and acknowledged: LINGER, EOS from here on
+    # All sent and acknowledged: LINGER, EOS from here on, the first at once.
+    assert frames(cycle(pub, 102 * MS)) == [Heartbeat(160, 5, 6, 10, 0xE0)]
     assert pub.state is PublicationState.LINGER and pub.c.end_of_stream
-    assert frames(cycle(pub, 201 * MS)) == [Heartbeat(160, 5, 6, 10, 0xE0)]
-    assert pub.eos_heartbeats_sent == 1
+    assert frames(cycle(pub, 201 * MS)) == []
+    assert frames(cycle(pub, 202 * MS)) == [Heartbeat(160, 5, 6, 10, 0xE0)]
+    assert pub.eos_heartbeats_sent == 2
     cycle(pub, 1200 * MS)
     assert pub.state is PublicationState.DONE and not pub.c.heartbeat_in_c
     assert heartbeats(pub, 1400 * MS) == []
+
+
+def test_a_drained_publication_sends_its_end_of_stream_at_once_not_a_timeout_after_its_data(
+        shm: Path) -> None:
+    """The heartbeat that tells the receivers the stream ended goes in the cycle that finds
+    the closed publication drained, however recently data went: a receiver that has it all
+    learns at once that nothing follows.  Its later heartbeats keep the timeout."""
+    pub, _log, _limit, appender, _ = make(shm, publication_linger_timeout="1s")
+    pub.on_frame(sm(), DEST, 0)
+    assert lib.ss_offer(appender, b"a" * 100, 100) > 0
+    pub.close(10 * MS)
+    sent = frames(cycle(pub, 10 * MS))  # the data, then the drain finds it all sent
+    assert sent[-1] == Heartbeat(160, 5, 6, 10, 0xE0) and pub.eos_heartbeats_sent == 1
+    assert pub.state is PublicationState.LINGER
+    assert frames(cycle(pub, 60 * MS)) == []
+    assert frames(cycle(pub, 110 * MS)) == [Heartbeat(160, 5, 6, 10, 0xE0)]
 
 
 def test_a_publication_without_receivers_has_nothing_to_flush(shm: Path) -> None:

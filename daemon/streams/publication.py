@@ -329,6 +329,10 @@ class NetworkPublication(OfOneLog):
         if self.state is PublicationState.LINGER:
             self._linger_start_ns = now_ns
             self.is_end_of_stream = True  # heartbeats now carry EOS (0xE0)
+            # The first goes now, not a heartbeat timeout after the last data: a receiver
+            # whose subscriber read to the end learns at once that nothing follows, and
+            # lets the image's log go.
+            self.c.time_of_last_send_ns = now_ns - HEARTBEAT_TIMEOUT_NS
             self.spies_released = bool(self._spies)
         elif self.state is PublicationState.DONE:
             self.retransmit_handler.stop()
