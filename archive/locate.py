@@ -347,6 +347,25 @@ def read_session(archives: Sequence[ArchiveClient | Endpoint], stream_id: int,
                          replay_channel)
 
 
+#: How long a reader that read a whole replay waits for its stream's end before it closes
+#: the subscription, s: a publication drained sends its EOS at once (docs/DRIVER.md §3.6),
+#: so this bounds only a lost heartbeat's wait.
+END_OF_STREAM_WAIT_S = 0.1
+
+
+def _await_end(image: Image) -> None:
+    """Wait, at most :data:`END_OF_STREAM_WAIT_S`, for ``image`` (a replay read to its end)
+    to show its publication's end of stream.  Its driver frees an image that ended and that
+    no subscription reads at once; one whose subscription went first waits for its sender
+    for a second (the image's drain), holding its log, which counts against the replaying
+    host's ``image_source_memory_limit``: back-to-back replays of long terms were refused
+    there."""
+    deadline = time.monotonic() + END_OF_STREAM_WAIT_S
+    while (not image.is_closed and image.end_of_stream_position is None
+           and time.monotonic() < deadline):
+        time.sleep(0.0002)
+
+
 def _first(chunk: GatheredMessages, count: int) -> GatheredMessages:
     """The first ``count`` messages of ``chunk``."""
     return GatheredMessages(chunk.data[:chunk.offsets[count]], chunk.offsets[:count + 1],
@@ -749,6 +768,8 @@ class SessionReader:
                     if kept is not None:
                         yield kept
                     if not more or self.position >= self.end:
+                        if replay.done and image is not None:
+                            _await_end(image)
                         return
                 frames_end = replay.position
             self._moved(frames_end, at_boundary)

@@ -503,6 +503,9 @@ def main() -> None:
                   f"{archive_best / replayed_best:.2f} (medians "
                   f"{archive_median / stream_median:.2f}, {archive_median / local_median:.2f}, "
                   f"{archive_median / replayed_median:.2f}; target archive / stream >= 0.8)")
+            print("  the archive's runs, in order: " + ", ".join(
+                f"{rate / 1e6:.2f} M rows/s (first batch {first * 1e3:.0f} ms)"
+                for rate, first in archive_runs))
         if range_bytes < 3 * warm_term:
             print(f"  (a pass of {range_bytes} bytes does not fill the stream's three "
                   f"{warm_term >> 20} MiB terms: its timed pass wrote fresh pages too)")
