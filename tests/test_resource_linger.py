@@ -44,7 +44,10 @@ def mapped(paths: list[Path]) -> set[Path]:
 def run_and_close(client: Client, driver, uri: str, first: int) -> tuple[Path, Path, bool]:
     """A UDP stream over five terms (its logs written all over) from a new publication to a
     new subscription of ``client``, read exactly once, then both closed; their logs' paths
-    and whether both were unmapped as each close() returned."""
+    and whether both were unmapped as each close() returned.  The subscription closes first:
+    an image whose stream ended while its subscription was open (the EOS comes as soon as the
+    closed publication drained) is retired unlingered, at the subscription's next read or
+    close, whatever the client's linger."""
     subscription = client.add_subscription(uri, STREAM)
     publication = client.add_publication(uri, STREAM)
     connect(publication, subscription)
@@ -54,10 +57,10 @@ def run_and_close(client: Client, driver, uri: str, first: int) -> tuple[Path, P
     (publication_log,) = (driver.directory / control.PUBLICATIONS_DIR).glob("*.logbuffer")
     (image_log,) = (driver.directory / control.IMAGES_DIR).glob("*.logbuffer")
     assert mapped([publication_log, image_log]) == {publication_log, image_log}
-    publication.close()
-    publication_gone = publication_log not in mapped([publication_log])
     subscription.close()
     image_gone = image_log not in mapped([image_log])
+    publication.close()
+    publication_gone = publication_log not in mapped([publication_log])
     return publication_log, image_log, publication_gone and image_gone
 
 
