@@ -348,9 +348,10 @@ def read_session(archives: Sequence[ArchiveClient | Endpoint], stream_id: int,
 
 
 #: How long a reader that read a whole replay waits for its stream's end before it closes
-#: the subscription, s: a publication drained sends its EOS at once (docs/DRIVER.md §3.6),
-#: so this bounds only a lost heartbeat's wait.
-END_OF_STREAM_WAIT_S = 0.1
+#: the subscription, s: a publication drained sends its EOS at once (docs/DRIVER.md §3.6);
+#: a replaying driver that sends it by the heartbeat timer (100 ms after the last data, as
+#: Aeron's does) is waited for too, with a margin.
+END_OF_STREAM_WAIT_S = 0.25
 
 
 def _await_end(image: Image) -> None:

@@ -28,9 +28,10 @@ from test_archive import (
 
 from slipstream.archive import ArchiveSettings, RecordSpec, segment_files
 from slipstream.archive.client import ArchiveClient
+from slipstream.archive.locate import read_session
 from slipstream.archive.reading import RecordingLostError, RecordingReader
 from slipstream.archive.service import _IDLE_PARK_NS, ArchiveService
-from slipstream.client import Client, Publication
+from slipstream.client import Client, Publication, control
 from slipstream.client.holding import CallError, small_channel
 from slipstream.client.layout import (
     DATA_HEADER,
@@ -114,6 +115,34 @@ def test_a_stopped_recording_is_replayed_whole_in_part_and_from_a_time(
             with archive.replay(0, from_time_ms=between_ms) as replay:
                 assert replay.start == positions[1199]
                 assert replayed(replay) == expected(1200, positions[1200:])
+
+
+def test_a_replay_read_to_its_end_frees_its_image_as_its_stream_ends(launch,
+                                                                      tmp_path: Path) -> None:
+    """A read of a recording through a replay closes its subscription once the replay's
+    stream ended (the archive's publication sends its EOS as soon as it drained), and its
+    driver frees the image then, three reads in a row: an image whose subscription went
+    before the EOS waits five status-message timeouts for its sender (5 s here), holding its
+    log, which counts against the replaying host's image_source_memory_limit."""
+    driver = launch(status_message_timeout="1s", publication_connection_timeout="5s",
+                    image_liveness_timeout="5s", log_reuse_bytes="0")
+    archive_dir = tmp_path / "archive"
+    images = driver.directory / control.IMAGES_DIR
+    with recording_ipc(tmp_path, driver.directory, 10) as (port, client, publication):
+        positions = publish(publication, 900)
+        framing = (publication.initial_term_id, publication.term_length)
+        publication.close()
+        descriptor = wait_for_recording(archive_dir, ended=True)
+        assert descriptor.stop_position == positions[-1] > 3 * SEGMENT
+        with ArchiveClient(client, "127.0.0.1", port, CONTROL_STREAM) as archive:
+            archive.list_recordings(stream_id=10)  # linked: its answers' images are there
+            answers = set(images.glob("*.logbuffer"))
+            for _ in range(3):
+                got = [chunk.positions[-1] for chunk in read_session(
+                    [archive], 10, descriptor.session_id, framing, 0, positions[-1])]
+                assert got[-1] == positions[-1]
+                wait_for(lambda: set(images.glob("*.logbuffer")) == answers, timeout=2.0,
+                         what="the replay's image freed before a drain's wait")
 
 
 def test_a_live_recording_is_followed_until_it_stops_and_stop_replay_ends_a_replay(
