@@ -352,19 +352,8 @@ def read_session(archives: Sequence[ArchiveClient | Endpoint], stream_id: int,
 #: a replaying driver that sends it by the heartbeat timer (100 ms after the last data, as
 #: Aeron's does) is waited for too, with a margin.
 END_OF_STREAM_WAIT_S = 0.25
-
-
-def _await_end(image: Image) -> None:
-    """Wait, at most :data:`END_OF_STREAM_WAIT_S`, for ``image`` (a replay read to its end)
-    to show its publication's end of stream.  Its driver frees an image that ended and that
-    no subscription reads at once; one whose subscription went first waits for its sender
-    for a second (the image's drain), holding its log, which counts against the replaying
-    host's ``image_source_memory_limit``: back-to-back replays of long terms were refused
-    there."""
-    deadline = time.monotonic() + END_OF_STREAM_WAIT_S
-    while (not image.is_closed and image.end_of_stream_position is None
-           and time.monotonic() < deadline):
-        time.sleep(0.0002)
+#: How often that wait looks, s: an end of stream commits no frame, so nothing wakes it.
+END_OF_STREAM_LOOK_S = 0.0005
 
 
 def _first(chunk: GatheredMessages, count: int) -> GatheredMessages:
@@ -412,6 +401,8 @@ class SessionReader:
         #: How many sources were read from after one that failed (see :attr:`failures`).
         self.failovers = 0
         self._replay: ArchiveReplay | None = None
+        #: Waiting for the replay's stream to end before its subscription closes.
+        self._awaiting_end = False
         self._steps: Generator[GatheredMessages | None, None, None] | None = None
         self._done = False
         #: Every message that began before it was delivered (or is another read's).
@@ -518,9 +509,11 @@ class SessionReader:
         return chunk
 
     def wait(self, timeout_s: float) -> None:
-        """Wait up to ``timeout_s`` for the replay being read to receive more."""
+        """Wait up to ``timeout_s`` for the replay being read to receive more (or, once it
+        was read to its end, for its stream's end: at most END_OF_STREAM_LOOK_S)."""
         if self._replay is not None:
-            self._replay.wait(timeout_s)
+            self._replay.wait(min(timeout_s, END_OF_STREAM_LOOK_S) if self._awaiting_end
+                              else timeout_s)
 
     def __iter__(self) -> SessionReader:
         return self
@@ -670,6 +663,23 @@ class SessionReader:
             # crosses a term's end).
             self.position = max(self.position, frames_end)
 
+    def _await_end(self, image: Image) -> Iterator[None]:
+        """Yield None (the caller's wait runs: :meth:`wait`, an embedded driver's duty
+        cycle with it) until ``image``, a replay read to its end, shows its publication's end
+        of stream, at most :data:`END_OF_STREAM_WAIT_S`.  Its driver frees an image that
+        ended and that no subscription reads at once; one whose subscription went first waits
+        for its sender for five status-message timeouts (the image's drain), holding its log,
+        which counts against the replaying host's ``image_source_memory_limit``: replays read
+        back to back were refused there."""
+        deadline = time.monotonic() + END_OF_STREAM_WAIT_S
+        self._awaiting_end = True
+        try:
+            while (not image.is_closed and image.end_of_stream_position is None
+                   and time.monotonic() < deadline):
+                yield None
+        finally:
+            self._awaiting_end = False
+
     def _read_local(self, descriptor: RecordingDescriptor, reach: int
                     ) -> Iterator[GatheredMessages | None]:
         assert self.directory is not None and self.end is not None
@@ -769,10 +779,12 @@ class SessionReader:
                     if kept is not None:
                         yield kept
                     if not more or self.position >= self.end:
-                        if replay.done and image is not None:
-                            _await_end(image)
+                        if replay.done and last is not None:
+                            yield from self._await_end(last)
                         return
                 frames_end = replay.position
+                if last is not None:  # the replay reached its stop: it ends there
+                    yield from self._await_end(last)
             self._moved(frames_end, at_boundary)
         except RecordingLostError as e:  # it does not hold what was asked: another may
             self._moved(frames_end, False)

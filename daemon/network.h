@@ -309,7 +309,8 @@ typedef struct {
     int64_t *bytes_sent;          /* system counters */
     int64_t *short_sends;
     int64_t *send_errors;
-    int64_t time_of_last_send_ns; /* when data last went out (the heartbeat timer) */
+    int64_t time_of_last_send_ns; /* when data last went out (the heartbeat timer; Python
+                                   * backdates it a timeout at LINGER: the EOS goes at once) */
     int64_t heartbeat_slot_ns;    /* the instant the last heartbeat was due at: one a parking
                                    * loop sent early (within its slack) times the next from
                                    * it (SS_KEEPALIVE_GRAIN_NS); a data send
@@ -402,7 +403,8 @@ typedef struct {
      * simulator's) while Python sets heartbeat_in_c (connected once, not DONE): a DATA
      * header with frame length 0 at snd-pos, flags BEGIN|END (and EOS, unless the channel
      * says eos=false, once Python sets end_of_stream: a closed publication that sent all),
-     * once nothing went out for SS_HEARTBEAT_TIMEOUT_NS (time_of_last_send_ns). */
+     * once nothing went out for SS_HEARTBEAT_TIMEOUT_NS (time_of_last_send_ns), and the
+     * first EOS-flagged one at once (Python backdates that timer as it sets end_of_stream). */
     int32_t heartbeat_in_c;
     int32_t end_of_stream;
     int32_t signal_eos;

@@ -22,7 +22,8 @@ from slipstream.daemon.conductor.network_spies import SpySubscriptions
 from slipstream.daemon.streams.publication import NetworkPublication
 from slipstream.daemon.streams.receivers import PublicationStatus
 
-#: EOS heartbeats (100 ms apart) a draining driver sends before it stops waiting for answers.
+#: EOS heartbeats a draining driver sends before it stops waiting for answers: the first as
+#: the publication drained, the others 100 ms apart.
 EOS_HEARTBEATS_TO_END = 3
 
 

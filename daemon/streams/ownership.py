@@ -92,7 +92,8 @@ RULES: tuple[Rule, ...] = (
          at_once=True, written_once="ss_publication_limit_step"),
     Rule(PUBLICATION, "heartbeats (EOS-flagged from the end of stream)", C, "heartbeat_in_c",
          "the first SM came, not DONE; through a socket or the simulator's virtual send",
-         "DONE (the Python half only sets the flag and `end_of_stream`)",
+         "DONE (the Python half only sets the flag and `end_of_stream`, and makes the first EOS "
+         "heartbeat due at once)",
          at_once=False, written_once="ss_publication_heartbeat"),
     Rule(PUBLICATION, "status messages: snd-lmt", PYTHON, "sm_in_c",
          "ACTIVE, connected, `fc=unicast`, no `rc=`, one live receiver, no SETUP elicited; "

@@ -7,7 +7,8 @@ checks) and the publication's states and timers.  It never reads a clock: every 
 
 Heartbeats are the C half's alone (``heartbeat_in_c``, which :meth:`NetworkPublication.sync_c_half`
 sets once the first SM came): one when 100 ms passed since the last data or heartbeat, flags
-0xE0 (EOS) once the closed publication has sent all (``end_of_stream``).
+0xE0 (EOS) once the closed publication has sent all (``end_of_stream``), the first of those
+at once (the transition to LINGER makes the C half's timer due).
 
 The data itself never passes through Python: the sender agent hands :attr:`NetworkPublication.c`
 (an ``ss_send_publication_t``) to the C data path (``ss_send_data``), which scans committed
