@@ -25,7 +25,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from helpers import NETWORK_SETTINGS, Collector, counters_of, wait_for
+from helpers import NETWORK_SETTINGS, Collector, counters_of, udp_receive_drops, wait_for
 from sealed_wire import KEY_A, ext_type, nonce, open_sealed, read_captured_answer
 from test_encrypted_streams import write_keys
 
@@ -100,6 +100,7 @@ def test_a_spoofing_host_changes_nothing_on_an_encrypted_stream(hosts, tmp_path:
         collector = Collector(subscription)
         paced(publication, collector, COUNT, 0)
         before = counters_of(publisher), counters_of(subscriber)
+        unread_before = udp_receive_drops(hosts[2], PORT)
         attacker = hosts[3].popen(
             sys.executable, str(SPOOFER), one, str(CONTROL_PORT), two, str(PORT),
             str(publication.session_id), "5", str(publication.initial_term_id),
@@ -114,6 +115,7 @@ def test_a_spoofing_host_changes_nothing_on_an_encrypted_stream(hosts, tmp_path:
         collector.assert_exactly(2 * COUNT)
         assert publication.is_connected
     after = counters_of(publisher), counters_of(subscriber)
+    unread = udp_receive_drops(hosts[2], PORT) - unread_before
 
     def added(side: int, name: str) -> int:
         return after[side][name] - before[side][name]
@@ -129,7 +131,11 @@ def test_a_spoofing_host_changes_nothing_on_an_encrypted_stream(hosts, tmp_path:
     assert added(1, "CRYPTO_PLAIN_DROPS") >= 0.8 * spoofed * 2 / 7
     # DATA sealed under the attacker's own key names a sender id no handshake gave.
     assert added(1, "CRYPTO_AWAITING_HANDSHAKE_DROPS") >= 0.8 * spoofed / 7
-    assert added(0, "NAK_MESSAGES_RECEIVED") == added(0, "RETRANSMITS_SENT") == 0
+    # No NAK was forged into a resend.  Real data that the subscriber's kernel dropped
+    # unread in the flood (its socket's buffer full: a starved host) is NAKed and resent as
+    # any loss is; without such drops no NAK came at all.
+    naks, resent = added(0, "NAK_MESSAGES_RECEIVED"), added(0, "RETRANSMITS_SENT")
+    assert (naks, resent) == (0, 0) or unread > 0, (naks, resent, unread)
     assert added(0, "ERRORS") == added(1, "ERRORS") == 0
     assert added(1, "FLOW_CONTROL_OVER_RUNS") == 0
 
