@@ -14,6 +14,9 @@ int32_t ss_scan_for_availability(const uint8_t *term, int32_t offset, int32_t ma
     int32_t limit = term_length - offset;
     if (max_length < limit) limit = max_length;
     *padding = 0;
+    /* Nothing committed at the offset: the scan ends in that one line, without the lines
+     * below asked for (an idle log is looked at each duty cycle, at thousands of streams). */
+    if (limit <= 0 || LOAD_ACQ((const int32_t *)(term + offset)) <= 0) return 0;
     /* The publisher wrote these lines on another core: ask for a datagram's worth at once
      * rather than miss on each frame header in turn (not more: with a large MTU the scan
      * mostly stops at the first large frame). */
