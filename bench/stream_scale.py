@@ -15,10 +15,11 @@ each, then idle.  For each K it prints:
   connected), and through how many within 120 s (a stream the receiver refuses never
   connects);
 * with the K streams open and idle (UDP endpoints on consecutive ports below the kernel's
-  ephemeral range): the driver process's CPU (% of one core, utime + stime
-  from ``/proc/PID/stat`` over ``--idle-s`` seconds), the heartbeats and status messages it
-  sent per stream per second (UDP: a publication's heartbeats and an image's status messages
-  keep flowing while idle), and its memory per stream: the growth of its RSS and the
+  ephemeral range; with ``--shared-endpoint`` the UDP pairs share one, as the streams of one
+  channel do, and its keepalive instants): the driver process's CPU (% of one core, utime +
+  stime from ``/proc/PID/stat`` over ``--idle-s`` seconds), the heartbeats and status messages
+  it sent per stream per second (UDP: a publication's heartbeats and an image's status
+  messages keep flowing while idle), and its memory per stream: the growth of its RSS and the
   ``/dev/shm`` its directory holds (the logs' allocated blocks and the counters file) over the
   K streams.
 
@@ -31,7 +32,8 @@ source tree with its CMake build (``--aeron-c DIR``: ``DIR/build/binaries/aeronm
 whatever K is: 10,000 would take 10 minutes); without a build it is reported as not run.
 
     .venv/bin/python -m bench.stream_scale [--ipc 100,1000,10000] [--udp 100,500,2000]
-        [--idle-s 5] [--aeron-c DIR] [--aeron-max 1000] [--no-aeron] [--set KEY=VALUE ...]
+        [--idle-s 5] [--aeron-c DIR] [--aeron-max 1000] [--no-aeron] [--shared-endpoint]
+        [--set KEY=VALUE ...]
 
 Figures are of one run each; the machine is shared by whatever else runs.
 """
@@ -208,7 +210,7 @@ def _publishing_client(directory: str, channels: list[str], conn) -> None:
 
 
 def run_slipstream(directory: Path, transport: str, pairs: int, idle_s: float,
-                   settings: dict[str, str]) -> Curve:
+                   settings: dict[str, str], *, shared_endpoint: bool = False) -> Curve:
     import multiprocessing
 
     from slipstream.client import Client
@@ -218,7 +220,8 @@ def run_slipstream(directory: Path, transport: str, pairs: int, idle_s: float,
     overrides = {"term_buffer_length": str(TERM_LENGTH), "ipc_term_buffer_length": str(TERM_LENGTH),
                  **settings}
     base = first_port(pairs) if transport == "udp" else 0
-    channels = ([f"aeron:udp?endpoint=127.0.0.1:{base + i}" for i in range(pairs)]
+    channels = ([f"aeron:udp?endpoint=127.0.0.1:{base + (0 if shared_endpoint else i)}"
+                 for i in range(pairs)]
                 if transport == "udp" else ["aeron:ipc"] * pairs)
     context = multiprocessing.get_context("spawn")
     conn, theirs = context.Pipe()
@@ -407,11 +410,15 @@ def main() -> int:
     parser.add_argument("--aeron-max", type=positive_int, default=1000,
                         help="the most pairs Aeron's C driver is run with")
     parser.add_argument("--no-aeron", action="store_true", help="leave the Aeron peer out")
+    parser.add_argument("--shared-endpoint", action="store_true",
+                        help="the UDP pairs on one endpoint (Aeron's peer left out there)")
     parser.add_argument("--set", type=driver_setting, action="append", default=[],
                         metavar="KEY=VALUE", help="a slipstream driver setting")
     args = parser.parse_args()
     settings = dict(args.set)
+    endpoints = "one UDP endpoint" if args.shared_endpoint else "a UDP endpoint a pair"
     print(f"stream scale on {machine()}; {TERM_LENGTH // 1024} KiB terms, two clients, "
+          f"{endpoints}, "
           f"slipstream settings: defaults{''.join(f', {k}={v}' for k, v in settings.items())}")
     aeron: Path | None = None if args.no_aeron else args.aeron_c
     why_not = ("left out (--no-aeron)" if args.no_aeron
@@ -426,7 +433,9 @@ def main() -> int:
         for transport, ks in (("ipc", args.ipc), ("udp", args.udp)):
             for pairs in ks:
                 peer = None
-                if aeron is not None and program is not None:
+                if args.shared_endpoint and transport == "udp":
+                    print(f"  aeron C    udp K={pairs:6d}: not run (--shared-endpoint)")
+                elif aeron is not None and program is not None:
                     if pairs <= args.aeron_max:
                         peer = run_aeron(aeron, program, directory, transport, pairs, args.idle_s)
                         print_curve(peer, None)
@@ -435,7 +444,8 @@ def main() -> int:
                     else:
                         print(f"  aeron C    {transport} K={pairs:6d}: not run (over "
                               f"--aeron-max {args.aeron_max})")
-                curve = run_slipstream(directory, transport, pairs, args.idle_s, settings)
+                curve = run_slipstream(directory, transport, pairs, args.idle_s, settings,
+                                       shared_endpoint=args.shared_endpoint)
                 print_curve(curve, peer)
                 shutil.rmtree(directory / f"slipstream-{transport}-{pairs}", ignore_errors=True)
     return 0

@@ -202,6 +202,13 @@ int32_t ss_words_changed(int64_t *const *words, int64_t *last, int32_t count,
  * phase the stream began in, each at most the slack early, and thousands of streams' timers
  * share at most 20 wake-ups a second instead of one per slack. */
 #define SS_KEEPALIVE_GRAIN_NS 50000000
+/* The most keepalives (heartbeats, the SMs of the C half's rule) one duty cycle sends through
+ * one socket; the rest go in the cycles after, which follow at once.  Streams sharing an
+ * endpoint share its instants: 1,000 streams on one channel are 500 heartbeats at once, more
+ * than a receiver's default socket buffer holds (rmem_default, 208 KiB: about 200 small
+ * datagrams), and those past it were dropped by the kernel, SETUPs' answers among them.  A
+ * receiver's cycle reads 256 datagrams of a data socket and 128 of a control socket. */
+#define SS_KEEPALIVE_BURST_MAX 64
 
 /* ss_receiver_on_datagram results */
 #define SS_RX_CONSUMED 0
@@ -1010,6 +1017,11 @@ typedef struct {
      * set by the network thread's parking loop (ss_duty_loop_run); 0 (each at its time) for
      * cycles that never park (an embedded driver's, the simulator's). */
     int64_t keepalive_slack_ns;
+    /* The keepalives sent per socket in the cycle at keepalive_cycle_ns, a slot by fd modulo
+     * their number (two sockets in one slot share it): SS_KEEPALIVE_BURST_MAX bounds each.
+     * The C half's own. */
+    int64_t keepalive_cycle_ns;
+    int32_t keepalives_sent[256];
 } ss_agent_t;
 
 /* Key the heartbeat timers anew from the publications that send their heartbeats in C

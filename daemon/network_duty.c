@@ -523,6 +523,21 @@ int32_t ss_image_clean(ss_image_t *image, int64_t slowest) {
 
 /* The C half's status messages and cleaning: the slowest subscriber reached the 25 % rule's
  * position, the catch-up rule's (a tagged image), or cleaning's. */
+/* Whether socket fd may take one more keepalive in the cycle at now_ns (SS_KEEPALIVE_BURST_MAX;
+ * the simulator's, fd -1, has no buffer to overflow), counting it if so. */
+static int keepalive_room(ss_agent_t *a, int32_t fd, int64_t now_ns) {
+    if (fd < 0) return 1;
+    if (a->keepalive_cycle_ns != now_ns) {
+        memset(a->keepalives_sent, 0, sizeof a->keepalives_sent);
+        a->keepalive_cycle_ns = now_ns;
+    }
+    const int32_t slots = (int32_t)(sizeof a->keepalives_sent / sizeof a->keepalives_sent[0]);
+    int32_t *sent = &a->keepalives_sent[fd % slots];
+    if (*sent >= SS_KEEPALIVE_BURST_MAX) return 0;
+    ++*sent;
+    return 1;
+}
+
 static int32_t status_messages(ss_agent_t *a, int64_t now_ns) {
     int32_t work = 0;
     for (int32_t i = 0; i < a->image_count; i++) {
@@ -536,7 +551,7 @@ static int32_t status_messages(ss_agent_t *a, int64_t now_ns) {
         if (image->sm_unsent) continue;
         const int64_t position = status_message_due(image, slowest, now_ns,
                                                     a->keepalive_slack_ns);
-        if (position >= 0) {
+        if (position >= 0 && keepalive_room(a, image->control_fd, now_ns)) {
             const int64_t slot = sm_timer_at(image, a->keepalive_slack_ns);
             send_status_message(image, position, now_ns);
             /* The timer's SM taken early: the next from the instant it was due at, so that
@@ -627,6 +642,11 @@ static int32_t heartbeats(ss_agent_t *a, int64_t now_ns) {
     const int64_t slack_ns = a->keepalive_slack_ns;
     while (a->heartbeat_count > 0 && a->heartbeat_keys[0] <= now_ns + slack_ns) {
         ss_send_publication_t *p = a->publications[a->heartbeat_heap[0]];
+        if (!keepalive_room(a, p->fd, now_ns)) {
+            a->heartbeat_keys[0] = now_ns + slack_ns + 1; /* its socket's next cycle */
+            heartbeat_sift_down(a, 0);
+            continue;
+        }
         sent += publication_heartbeat(p, now_ns, slack_ns);
         if (p->heartbeat_in_c) {
             const int64_t due = heartbeat_at(p, slack_ns);

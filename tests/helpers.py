@@ -488,6 +488,26 @@ def udp_receive_drops(host: Any, port: int) -> int:
     return drops
 
 
+def process_udp_drops(pid: int) -> int:
+    """Datagrams the kernel dropped unread (a full receive buffer) at the UDP sockets process
+    ``pid`` holds: the ``drops`` column of /proc/net/udp and udp6 for its sockets' inodes, so
+    that what other processes' sockets drop is not counted."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):  # an fd closed meanwhile
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+    drops = 0
+    for table in ("/proc/net/udp", "/proc/net/udp6"):
+        with contextlib.suppress(FileNotFoundError):  # udp6 is absent where IPv6 is off
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) >= 13 and fields[9] in inodes:
+                    drops += int(fields[-1])
+    return drops
+
+
 def keepalive_threads() -> set[str]:
     """The thread ids of this process's keepalive threads (``ss-keepalive``, the client's C
     keeper of its heartbeat)."""

@@ -50,6 +50,7 @@ C_ONLY = {
     "POLL_ENDPOINTS_MIN",  # network.h: from how many endpoints the loop polls its sockets
     "TIMER_SLACK_NS",  # network.h: the loop's keepalive slack (tests/test_driver_idle.py)
     "KEEPALIVE_GRAIN_NS",  # network.h: the loop's keepalive instants (tests/test_driver_idle.py)
+    "KEEPALIVE_BURST_MAX",  # network.h: a cycle's keepalives a socket (test_driver_idle.py)
     "POPULATE_STEP",  # native.h: ss_populate's step, read as lib.SS_POPULATE_STEP (logbuffer.py)
 }
 
