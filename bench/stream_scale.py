@@ -433,10 +433,10 @@ def main() -> int:
         for transport, ks in (("ipc", args.ipc), ("udp", args.udp)):
             for pairs in ks:
                 peer = None
-                if args.shared_endpoint and transport == "udp":
-                    print(f"  aeron C    udp K={pairs:6d}: not run (--shared-endpoint)")
-                elif aeron is not None and program is not None:
-                    if pairs <= args.aeron_max:
+                if aeron is not None and program is not None:
+                    if args.shared_endpoint and transport == "udp":
+                        print(f"  aeron C    udp K={pairs:6d}: not run (--shared-endpoint)")
+                    elif pairs <= args.aeron_max:
                         peer = run_aeron(aeron, program, directory, transport, pairs, args.idle_s)
                         print_curve(peer, None)
                         shutil.rmtree(directory / f"aeron-{transport}-{pairs}",
