@@ -202,12 +202,14 @@ int32_t ss_words_changed(int64_t *const *words, int64_t *last, int32_t count,
  * phase the stream began in, each at most the slack early, and thousands of streams' timers
  * share at most 20 wake-ups a second instead of one per slack. */
 #define SS_KEEPALIVE_GRAIN_NS 50000000
-/* The most keepalives (heartbeats, the SMs of the C half's rule) one duty cycle sends through
- * one socket; the rest go in the cycles after, which follow at once.  Streams sharing an
- * endpoint share its instants: 1,000 streams on one channel are 500 heartbeats at once, more
- * than a receiver's default socket buffer holds (rmem_default, 208 KiB: about 200 small
- * datagrams), and those past it were dropped by the kernel, SETUPs' answers among them.  A
- * receiver's cycle reads 256 datagrams of a data socket and 128 of a control socket. */
+/* The most keepalives (heartbeats, and the SMs of an image's timer or changed window; not
+ * those the subscribers' progress makes due) one duty cycle sends through one socket; the
+ * rest go in the cycles after, which follow at once.  Streams sharing an endpoint share its
+ * instants: 1,000 streams on one channel are 500 heartbeats at once, more than a receiver's
+ * socket buffer holds (socket_so_rcvbuf's 128 KiB, doubled by the kernel: about 314
+ * datagrams of 32-40 bytes), and the kernel dropped those past it, SETUPs' answers among
+ * them.  A receiver's cycle reads 256 datagrams of a data socket and 128 of a control
+ * socket; one that takes its cycles on another thread or host is not waited for. */
 #define SS_KEEPALIVE_BURST_MAX 64
 
 /* ss_receiver_on_datagram results */

@@ -443,11 +443,17 @@ int64_t ss_image_allowed_window(const ss_image_t *image, int64_t position) {
 
 /* ss_image_status_message_due's rule, its timer taken up to `slack_ns` early (the network
  * thread's loop: SS_TIMER_SLACK_NS). */
+/* Whether the subscribers' progress makes an SM due (the window's quarter consumed, or a
+ * catch-up), rather than its timer or a changed window. */
+static inline int status_message_progress_due(const ss_image_t *image, int64_t slowest,
+                                              int64_t now_ns) {
+    return slowest > image->sm_position + (image->sm_window >> 2) ||
+           catch_up_due(image, slowest, now_ns);
+}
+
 static int64_t status_message_due(const ss_image_t *image, int64_t slowest, int64_t now_ns,
                                   int64_t slack_ns) {
-    if (slowest > image->sm_position + (image->sm_window >> 2) ||
-        catch_up_due(image, slowest, now_ns))
-        return slowest;
+    if (status_message_progress_due(image, slowest, now_ns)) return slowest;
     /* The timer's, or a window that changed: at what the subscribers consumed by now (§4.6),
      * never behind. */
     if (now_ns + slack_ns >= sm_timer_at(image, slack_ns) ||
@@ -521,8 +527,6 @@ int32_t ss_image_clean(ss_image_t *image, int64_t slowest) {
     return cleaned;
 }
 
-/* The C half's status messages and cleaning: the slowest subscriber reached the 25 % rule's
- * position, the catch-up rule's (a tagged image), or cleaning's. */
 /* Whether socket fd may take one more keepalive in the cycle at now_ns (SS_KEEPALIVE_BURST_MAX;
  * the simulator's, fd -1, has no buffer to overflow), counting it if so. */
 static int keepalive_room(ss_agent_t *a, int32_t fd, int64_t now_ns) {
@@ -538,6 +542,8 @@ static int keepalive_room(ss_agent_t *a, int32_t fd, int64_t now_ns) {
     return 1;
 }
 
+/* The C half's status messages and cleaning: the slowest subscriber reached the 25 % rule's
+ * position, the catch-up rule's (a tagged image), or cleaning's. */
 static int32_t status_messages(ss_agent_t *a, int64_t now_ns) {
     int32_t work = 0;
     for (int32_t i = 0; i < a->image_count; i++) {
@@ -551,7 +557,9 @@ static int32_t status_messages(ss_agent_t *a, int64_t now_ns) {
         if (image->sm_unsent) continue;
         const int64_t position = status_message_due(image, slowest, now_ns,
                                                     a->keepalive_slack_ns);
-        if (position >= 0 && keepalive_room(a, image->control_fd, now_ns)) {
+        /* The flow's SMs go whatever the bound (one held back would be the Python half's). */
+        if (position >= 0 && (status_message_progress_due(image, slowest, now_ns) ||
+                              keepalive_room(a, image->control_fd, now_ns))) {
             const int64_t slot = sm_timer_at(image, a->keepalive_slack_ns);
             send_status_message(image, position, now_ns);
             /* The timer's SM taken early: the next from the instant it was due at, so that
@@ -642,7 +650,9 @@ static int32_t heartbeats(ss_agent_t *a, int64_t now_ns) {
     const int64_t slack_ns = a->keepalive_slack_ns;
     while (a->heartbeat_count > 0 && a->heartbeat_keys[0] <= now_ns + slack_ns) {
         ss_send_publication_t *p = a->publications[a->heartbeat_heap[0]];
-        if (!keepalive_room(a, p->fd, now_ns)) {
+        /* A key may be early (data went since): only a heartbeat due takes the bound's room. */
+        if (p->heartbeat_in_c && now_ns + slack_ns >= heartbeat_at(p, slack_ns) &&
+            !keepalive_room(a, p->fd, now_ns)) {
             a->heartbeat_keys[0] = now_ns + slack_ns + 1; /* its socket's next cycle */
             heartbeat_sift_down(a, 0);
             continue;
