@@ -441,8 +441,6 @@ int64_t ss_image_allowed_window(const ss_image_t *image, int64_t position) {
     return allowed_window(image, position);
 }
 
-/* ss_image_status_message_due's rule, its timer taken up to `slack_ns` early (the network
- * thread's loop: SS_TIMER_SLACK_NS). */
 /* Whether the subscribers' progress makes an SM due (the window's quarter consumed, or a
  * catch-up), rather than its timer or a changed window. */
 static inline int status_message_progress_due(const ss_image_t *image, int64_t slowest,
@@ -451,6 +449,8 @@ static inline int status_message_progress_due(const ss_image_t *image, int64_t s
            catch_up_due(image, slowest, now_ns);
 }
 
+/* ss_image_status_message_due's rule, its timer taken up to `slack_ns` early (the network
+ * thread's loop: SS_TIMER_SLACK_NS). */
 static int64_t status_message_due(const ss_image_t *image, int64_t slowest, int64_t now_ns,
                                   int64_t slack_ns) {
     if (status_message_progress_due(image, slowest, now_ns)) return slowest;

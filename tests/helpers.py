@@ -478,13 +478,19 @@ def udp_receive_drops(host: Any, port: int) -> int:
     """Datagrams the kernel of namespace host ``host`` dropped unread (a full receive buffer)
     at its UDP sockets bound to ``port``: the ``drops`` column of /proc/net/udp and udp6,
     so a flood at another socket of the host is not counted as this one's."""
-    drops = 0
     # udp6 is absent where IPv6 is off: what cat read of udp is all there is.
-    for line in host.run("cat", "/proc/net/udp", "/proc/net/udp6", check=False).stdout.splitlines():
+    text = host.run("cat", "/proc/net/udp", "/proc/net/udp6", check=False).stdout
+    return _udp_drops(text, lambda fields: int(fields[1].rsplit(":", 1)[1], 16) == port)
+
+
+def _udp_drops(text: str, chosen: Callable[[list[str]], bool]) -> int:
+    """The ``drops`` column summed over the sockets of /proc/net/udp (or udp6) text whose
+    fields ``chosen`` picks (local address at 1, inode at 9, drops last)."""
+    drops = 0
+    for line in text.splitlines():
         fields = line.split()
-        if len(fields) >= 13 and ":" in fields[1] and fields[0] != "sl":
-            if int(fields[1].rsplit(":", 1)[1], 16) == port:
-                drops += int(fields[-1])
+        if len(fields) >= 13 and ":" in fields[1] and fields[0] != "sl" and chosen(fields):
+            drops += int(fields[-1])
     return drops
 
 
@@ -501,10 +507,7 @@ def process_udp_drops(pid: int) -> int:
     drops = 0
     for table in ("/proc/net/udp", "/proc/net/udp6"):
         with contextlib.suppress(FileNotFoundError):  # udp6 is absent where IPv6 is off
-            for line in Path(table).read_text().splitlines()[1:]:
-                fields = line.split()
-                if len(fields) >= 13 and fields[9] in inodes:
-                    drops += int(fields[-1])
+            drops += _udp_drops(Path(table).read_text(), lambda fields: fields[9] in inodes)
     return drops
 
 
